@@ -1,0 +1,25 @@
+# make demo / make test each build .venv on first use (python3, a C compiler and make are all they need).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python experiments/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest tests tapegrad interop
+
+bench: $(STAMP)
+	$(BIN)/python experiments/bench_eager.py
+
+clean:
+	rm -rf $(VENV) experiments/out/*.png

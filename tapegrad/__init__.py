@@ -1,0 +1,18 @@
+"""tapegrad: a define-by-run reverse-mode autodiff tape over NumPy, with captured replays.
+
+>>> import numpy as np, tapegrad as tg
+>>> tape = tg.Tape()
+>>> x = tape.param(np.array([3.0]))
+>>> tape.backward((x * x).sum()); tape.grad(x)
+True
+array([6.])
+"""
+from . import ops
+from .errors import (BuildError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError, ShapeError,
+                     TapeError)
+from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log_softmax, matmul, max,
+                         maximum, mean, mse, mul, neg, power, relu, reshape, sigmoid, softmax,
+                         softmax_cross_entropy, sqrt, square, sub, sum, tanh, transpose)
+from .tape import NonFinite, Tape, Var
+
+__version__ = "0.1.0"

@@ -1,0 +1,37 @@
+"""The exceptions tapegrad raises: one family, each message naming who failed and why."""
+
+
+class TapeError(Exception):
+    """Base of every error tapegrad raises on purpose.
+
+    Messages follow one form: ``<op> (node <id>): <what was expected>, got <what came>; <what to do>``.
+    """
+
+
+class ShapeError(TapeError, ValueError):
+    """Shapes that do not fit the op (broadcasting, matmul inner dims, axes, reshape sizes)."""
+
+
+class DTypeError(TapeError, TypeError):
+    """A dtype the tape cannot hold (only float32 and float64 are allowed)."""
+
+
+class ForeignVarError(TapeError, ValueError):
+    """A Var from another tape, or one that ``reset_to`` dropped."""
+
+
+class LazyValueError(TapeError, ValueError):
+    """A value asked of a node that depends on a lazy or dropped constant."""
+
+
+class NonFiniteError(TapeError, FloatingPointError):
+    """A non-finite value or gradient where ``check_finite=True`` forbids one."""
+
+
+class BuildError(TapeError, RuntimeError):
+    """Native code could not be built (no compiler, or the compiler failed)."""
+
+
+def at(op, node):
+    """The message prefix ``op (node i)`` every error starts with."""
+    return f"{op} (node {node})"

@@ -1,0 +1,594 @@
+"""The op registry: every op defined once, read by the tape, backward, replay, emitters and tests.
+
+An entry holds
+  shape   (a_shape, b_shape, s) -> out_shape; raises ``Bad`` with the reason when inputs do not fit,
+  fwd     (a, b, s, out, ws) -> None, the NumPy forward written into ``out``,
+  da, db  (g, out, a, b, s, ws) -> the contribution to d loss/d a (or b), read like the derivative;
+          a contribution may be out-shaped for a broadcasting input (the tape sums it down),
+  ref     (jnp, a, b, s) -> out, an independently written JAX reference (only interop calls it),
+  c_fwd, c_da, c_db
+          the same arithmetic as one C expression per element (elementwise ops only), over the names
+          ``a b s out g``; every one mirrors its NumPy form operation by operation, so compiled with
+          ``-ffp-contract=off`` it rounds the same way,
+  tier    how exactly a compiled replay reproduces the tape (see ``TIERS``),
+  domain  one sampler per input for tests (e.g. positive inputs for ``log``),
+  cases   ``(a_shape, b_shape, s)`` examples the tests sweep, broadcasting included.
+
+``ws`` is the scratch provider (``ws.take(shape)``, ``ws.take_mask(shape)``): the tape hands out
+arena memory, a captured program hands out buffers it preallocated, so the same rules run with no
+allocation in a replay. Static operands ``s`` are plain hashable values: a float for ``adds``, a
+normalised ``(axes, keepdims)`` pair for reductions, a shape for ``reshape``.
+"""
+import builtins
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+TIERS = {
+    "exact": "IEEE-exact arithmetic (+ - * / sqrt, comparisons, data movement): compiled == tape",
+    "libm": "a transcendental function: NumPy's SIMD libm and the C library may differ by a few ulp",
+    "order": "a reduction: compiled code may sum in another order than NumPy (bounded by n·eps·Σ|x|)",
+    "blas": "a product computed by BLAS: the kernel's blocking decides the summation order",
+}
+
+
+class Bad(Exception):
+    """Raised by a shape rule: the text says what was expected and what came."""
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    name: str
+    arity: int
+    shape: Callable
+    fwd: Optional[Callable] = None
+    da: Optional[Callable] = None
+    db: Optional[Callable] = None
+    ref: Optional[Callable] = None
+    c_fwd: Optional[str] = None
+    c_da: Optional[str] = None
+    c_db: Optional[str] = None
+    tier: str = "exact"
+    kind: str = "elementwise"
+    domain: tuple = ()
+    cases: tuple = ()
+    doc: str = ""
+
+    def __repr__(self):
+        return f"<op {self.name}>"
+
+
+OPS: dict = {}
+
+
+def op(name, arity, shape, **kw):
+    entry = Op(name, arity, shape, **kw)
+    assert name not in OPS, name
+    OPS[name] = entry
+    return entry
+
+
+# ── test domains ─────────────────────────────────────────────────────────────
+
+def real(rng, shape):
+    return rng.standard_normal(shape)
+
+
+def positive(rng, shape):
+    return rng.uniform(0.5, 2.0, shape)
+
+
+def away0(rng, shape):
+    """Nonzero, away from the kink at 0 (relu, abs) so finite differences are smooth."""
+    return rng.choice([-1.0, 1.0], shape) * rng.uniform(0.2, 2.0, shape)
+
+
+def spread(rng, shape):
+    """Distinct values (max, maximum): a permutation of a well-separated grid, randomly signed."""
+    n = int(np.prod(shape))
+    return (rng.permutation(n) - n / 2.0 + 0.5).reshape(shape) * 0.37
+
+
+# ── shape rules ──────────────────────────────────────────────────────────────
+
+def same(a, b, s):
+    return a
+
+
+def broadcast(a, b, s):
+    try:
+        return np.broadcast_shapes(a, b)
+    except ValueError:
+        raise Bad(f"shapes {a} and {b} do not broadcast (NumPy rules: trailing dims equal or 1)") from None
+
+
+def check_axes(a, axes):
+    """Normalise an axis argument to a sorted tuple of non-negative ints (None = all axes)."""
+    if axes is None:
+        return None
+    axes = (axes,) if isinstance(axes, (int, np.integer)) else tuple(axes)
+    nd = len(a)
+    out = []
+    for ax in axes:
+        if not isinstance(ax, (int, np.integer)) or not -nd <= ax < nd:
+            raise Bad(f"axis {ax!r} is out of range for an input of shape {a} (ndim {nd})")
+        out.append(int(ax) % nd)
+    if len(set(out)) != len(out):
+        raise Bad(f"axis {axes!r} repeats an axis")
+    return tuple(sorted(out))
+
+
+def reduced(a, b, s):
+    axes, keep = s
+    axes = tuple(range(len(a))) if axes is None else axes
+    return tuple(1 if k in axes else n for k, n in enumerate(a) if keep or k not in axes)
+
+
+def matmul_shape(a, b, s):
+    if len(a) != 2 or len(b) != 2:
+        raise Bad(f"expected two 2-D operands, got shapes {a} and {b}")
+    if a[1] != b[0]:
+        raise Bad(f"inner dimensions differ: {a} @ {b} ({a[1]} != {b[0]})")
+    return (a[0], b[1])
+
+
+def bmm_shape(a, b, s):
+    if len(a) != 3 or len(b) != 3:
+        raise Bad(f"expected two 3-D operands (batch, m, k) and (batch, k, n), got {a} and {b}")
+    if a[0] != b[0] or a[2] != b[1]:
+        raise Bad(f"expected (B, m, k) @ (B, k, n), got {a} @ {b}")
+    return (a[0], a[1], b[2])
+
+
+def transpose_shape(a, b, s):
+    if sorted(s) != list(range(len(a))):
+        raise Bad(f"axes {s} are not a permutation of range({len(a)}) for shape {a}")
+    return tuple(a[k] for k in s)
+
+
+def reshape_shape(a, b, s):
+    if int(np.prod(s)) != int(np.prod(a)) or any(n < 0 for n in s):
+        raise Bad(f"cannot reshape {a} ({int(np.prod(a))} elements) into {s}")
+    return s
+
+
+def broadcast_to_shape(a, b, s):
+    if broadcast(a, s, None) != s:
+        raise Bad(f"cannot broadcast {a} to {s}")
+    return s
+
+
+def axis_shape(a, b, s):
+    if not 0 <= s < len(a):
+        raise Bad(f"axis {s} is out of range for shape {a}")
+    return a
+
+
+def slice_shape(a, b, s):
+    if len(s) != len(a):
+        raise Bad(f"expected one (start, stop) per axis of {a}, got {len(s)}")
+    for k, ((lo, hi), n) in enumerate(zip(s, a)):
+        if not 0 <= lo < hi <= n:
+            raise Bad(f"axis {k}: range {lo}:{hi} is empty or outside 0:{n}")
+    return tuple(hi - lo for lo, hi in s)
+
+
+def concat_shape(a, b, s):
+    if len(a) != len(b) or not 0 <= s < len(a) or any(x != y for k, (x, y) in enumerate(zip(a, b)) if k != s):
+        raise Bad(f"shapes {a} and {b} cannot be joined along axis {s} (other dims must match)")
+    return tuple(x + y if k == s else x for k, (x, y) in enumerate(zip(a, b)))
+
+
+# ── helpers the rules share ──────────────────────────────────────────────────
+
+def keepdims(g, a_shape, s):
+    """An upstream gradient of a reduction, reshaped so it broadcasts against the input."""
+    axes, keep = s
+    if keep:
+        return g
+    axes = range(len(a_shape)) if axes is None else axes
+    return g.reshape(tuple(1 if k in axes else n for k, n in enumerate(a_shape)))
+
+
+def slices(s):
+    return tuple(builtins.slice(lo, hi) for lo, hi in s)
+
+
+def count(a_shape, s):
+    axes = range(len(a_shape)) if s[0] is None else s[0]
+    return int(np.prod([a_shape[k] for k in axes]))
+
+
+# ── forward and backward bodies that need more than one line ────────────────
+
+def sigmoid_fwd(a, b, s, out, ws):
+    # e = exp(-|a|) never overflows; a >= 0: 1/(1+e), a < 0: e/(1+e).
+    e = ws.take(a.shape)
+    np.abs(a, out=e)
+    np.negative(e, out=e)
+    np.exp(e, out=e)
+    np.add(1.0, e, out=out)
+    np.copyto(e, 1.0, where=np.greater_equal(a, 0.0, out=ws.take_mask(a.shape)))
+    np.divide(e, out, out=out)
+
+
+def relu_da(g, out, a, b, s, ws):
+    t = ws.take(g.shape)
+    np.greater(a, 0.0, out=t)
+    return np.multiply(g, t, out=t)
+
+
+def abs_da(g, out, a, b, s, ws):
+    t = np.sign(a, out=ws.take(g.shape))
+    return np.multiply(g, t, out=t)
+
+
+def maximum_d(x, y):
+    """d max(x, y)/dx = 1 where x wins, 1/2 on ties (JAX's balanced rule), 0 where y wins."""
+    def d(g, out, a, b, s, ws):
+        t = ws.take(g.shape)
+        u = ws.take(g.shape)
+        np.greater(x(a, b), y(a, b), out=t)
+        np.equal(a, b, out=u)
+        np.multiply(0.5, u, out=u)
+        np.add(t, u, out=t)
+        return np.multiply(g, t, out=t)
+    return d
+
+
+def reduce_sum_fwd(a, b, s, out, ws):
+    np.add.reduce(a, axis=s[0], keepdims=s[1], out=out)
+
+
+def mean_fwd(a, b, s, out, ws):
+    np.add.reduce(a, axis=s[0], keepdims=s[1], out=out)
+    np.divide(out, count(a.shape, s), out=out)
+
+
+def spread_da(g, out, a, b, s, ws):
+    t = ws.take(a.shape)
+    np.copyto(t, keepdims(g, a.shape, s))
+    return t
+
+
+def mean_da(g, out, a, b, s, ws):
+    t = ws.take(a.shape)
+    np.divide(keepdims(g, a.shape, s), count(a.shape, s), out=t)
+    return t
+
+
+def max_fwd(a, b, s, out, ws):
+    np.maximum.reduce(a, axis=s[0], keepdims=s[1], out=out)
+
+
+def max_da(g, out, a, b, s, ws):
+    # The gradient is shared equally between tied maxima (as jax.grad of jnp.max does).
+    hit = ws.take(a.shape)
+    np.equal(a, keepdims(out, a.shape, s), out=hit)
+    ties = ws.take(out.shape)
+    np.add.reduce(hit, axis=s[0], keepdims=s[1], out=ties)
+    np.divide(g, ties, out=ties)
+    return np.multiply(hit, keepdims(ties, a.shape, s), out=hit)
+
+
+def matmul_fwd(a, b, s, out, ws):
+    np.matmul(a, b, out=out)
+
+
+def matmul_da(g, out, a, b, s, ws):
+    return np.matmul(g, b.T, out=ws.take(a.shape))
+
+
+def matmul_db(g, out, a, b, s, ws):
+    return np.matmul(a.T, g, out=ws.take(b.shape))
+
+
+def bmm_da(g, out, a, b, s, ws):
+    return np.matmul(g, b.transpose(0, 2, 1), out=ws.take(a.shape))
+
+
+def bmm_db(g, out, a, b, s, ws):
+    return np.matmul(a.transpose(0, 2, 1), g, out=ws.take(b.shape))
+
+
+def transpose_da(g, out, a, b, s, ws):
+    t = ws.take(a.shape)
+    np.copyto(t, g.transpose(np.argsort(s)))
+    return t
+
+
+def softmax_fwd(a, b, s, out, ws):
+    # exp(a - max) / Σ exp(a - max): no overflow for any finite logits.
+    r = ws.take(a.shape[:s] + (1,) + a.shape[s + 1:])
+    np.maximum.reduce(a, axis=s, keepdims=True, out=r)
+    np.subtract(a, r, out=out)
+    np.exp(out, out=out)
+    np.add.reduce(out, axis=s, keepdims=True, out=r)
+    np.divide(out, r, out=out)
+
+
+def softmax_da(g, out, a, b, s, ws):
+    # out · (g − Σ g·out)
+    t = ws.take(a.shape)
+    r = ws.take(a.shape[:s] + (1,) + a.shape[s + 1:])
+    np.multiply(g, out, out=t)
+    np.add.reduce(t, axis=s, keepdims=True, out=r)
+    np.subtract(g, r, out=t)
+    return np.multiply(out, t, out=t)
+
+
+def logsoftmax_fwd(a, b, s, out, ws):
+    # (a − max) − log Σ exp(a − max)
+    r = ws.take(a.shape[:s] + (1,) + a.shape[s + 1:])
+    e = ws.take(a.shape)
+    np.maximum.reduce(a, axis=s, keepdims=True, out=r)
+    np.subtract(a, r, out=out)
+    np.exp(out, out=e)
+    np.add.reduce(e, axis=s, keepdims=True, out=r)
+    np.log(r, out=r)
+    np.subtract(out, r, out=out)
+
+
+def logsoftmax_da(g, out, a, b, s, ws):
+    # g − exp(out) · Σ g
+    t = ws.take(a.shape)
+    r = ws.take(a.shape[:s] + (1,) + a.shape[s + 1:])
+    np.add.reduce(g, axis=s, keepdims=True, out=r)
+    np.exp(out, out=t)
+    np.multiply(t, r, out=t)
+    return np.subtract(g, t, out=t)
+
+
+def slice_da(g, out, a, b, s, ws):
+    t = ws.take(a.shape)
+    t.fill(0.0)
+    t[slices(s)] = g
+    return t
+
+
+def concat_fwd(a, b, s, out, ws):
+    np.concatenate((a, b), axis=s, out=out)
+
+
+def concat_da(g, out, a, b, s, ws):
+    return g[(builtins.slice(None),) * s + (builtins.slice(0, a.shape[s]),)]
+
+
+def concat_db(g, out, a, b, s, ws):
+    return g[(builtins.slice(None),) * s + (builtins.slice(a.shape[s], None),)]
+
+
+def into(f):
+    """A one-ufunc rule: ``f(g, out, a, b, s, t)`` writes into a fresh out-shaped scratch ``t``."""
+    def rule(g, out, a, b, s, ws):
+        t = ws.take(g.shape)
+        f(g, out, a, b, s, t)
+        return t
+    return rule
+
+
+# ── the registry ─────────────────────────────────────────────────────────────
+
+BIN = (((3, 4), (3, 4), None), ((3, 4), (4,), None), ((2, 1, 4), (3, 1), None), ((), (2, 3), None),
+       ((5, 1), (1, 1), None))
+UN = (((3, 4), None, None), ((7,), None, None), ((), None, None), ((2, 3, 2), None, None))
+RED = (((3, 4), None, (None, False)), ((3, 4), None, ((1,), True)), ((2, 3, 4), None, ((0, 2), False)),
+       ((5,), None, ((0,), False)))
+
+param = op("param", 0, same, kind="leaf", doc="a trainable leaf (copied in)")
+const = op("const", 0, same, kind="leaf", doc="a constant leaf (no gradient flows into it)")
+
+add = op("add", 2, broadcast,
+         fwd=lambda a, b, s, out, ws: np.add(a, b, out=out),
+         da=lambda g, out, a, b, s, ws: g,
+         db=lambda g, out, a, b, s, ws: g,
+         ref=lambda jnp, a, b, s: a + b,
+         c_fwd="a + b", c_da="g", c_db="g", domain=(real, real), cases=BIN)
+sub = op("sub", 2, broadcast,
+         fwd=lambda a, b, s, out, ws: np.subtract(a, b, out=out),
+         da=lambda g, out, a, b, s, ws: g,
+         db=into(lambda g, out, a, b, s, t: np.negative(g, out=t)),
+         ref=lambda jnp, a, b, s: a - b,
+         c_fwd="a - b", c_da="g", c_db="-g", domain=(real, real), cases=BIN)
+mul = op("mul", 2, broadcast,
+         fwd=lambda a, b, s, out, ws: np.multiply(a, b, out=out),
+         da=into(lambda g, out, a, b, s, t: np.multiply(g, b, out=t)),
+         db=into(lambda g, out, a, b, s, t: np.multiply(g, a, out=t)),
+         ref=lambda jnp, a, b, s: a * b,
+         c_fwd="a * b", c_da="g * b", c_db="g * a", domain=(real, real), cases=BIN)
+
+
+def div_db(g, out, a, b, s, ws):
+    # d(a/b)/db = −a/b² = −out/b
+    t = ws.take(g.shape)
+    np.multiply(g, out, out=t)
+    np.divide(t, b, out=t)
+    return np.negative(t, out=t)
+
+
+div = op("div", 2, broadcast,
+         fwd=lambda a, b, s, out, ws: np.divide(a, b, out=out),
+         da=into(lambda g, out, a, b, s, t: np.divide(g, b, out=t)),
+         db=div_db,
+         ref=lambda jnp, a, b, s: a / b,
+         c_fwd="a / b", c_da="g / b", c_db="-(g * out / b)", domain=(real, positive), cases=BIN)
+maximum = op("maximum", 2, broadcast,
+             fwd=lambda a, b, s, out, ws: np.maximum(a, b, out=out),
+             da=maximum_d(lambda a, b: a, lambda a, b: b),
+             db=maximum_d(lambda a, b: b, lambda a, b: a),
+             ref=lambda jnp, a, b, s: jnp.maximum(a, b),
+             c_fwd="a > b ? a : b",
+             c_da="g * ((a > b ? 1.0 : 0.0) + 0.5 * (a == b ? 1.0 : 0.0))",
+             c_db="g * ((b > a ? 1.0 : 0.0) + 0.5 * (a == b ? 1.0 : 0.0))",
+             domain=(spread, spread), cases=BIN,
+             doc="elementwise max; ties share the gradient equally, as in JAX")
+
+neg = op("neg", 1, same,
+         fwd=lambda a, b, s, out, ws: np.negative(a, out=out),
+         da=into(lambda g, out, a, b, s, t: np.negative(g, out=t)),
+         ref=lambda jnp, a, b, s: -a,
+         c_fwd="-a", c_da="-g", domain=(real,), cases=UN)
+adds = op("adds", 1, same,
+          fwd=lambda a, b, s, out, ws: np.add(a, s, out=out),
+          da=lambda g, out, a, b, s, ws: g,
+          ref=lambda jnp, a, b, s: a + s,
+          c_fwd="a + s", c_da="g", domain=(real,), cases=tuple((x, None, 1.5) for x, _, _ in UN),
+          doc="a + scalar")
+muls = op("muls", 1, same,
+          fwd=lambda a, b, s, out, ws: np.multiply(a, s, out=out),
+          da=into(lambda g, out, a, b, s, t: np.multiply(g, s, out=t)),
+          ref=lambda jnp, a, b, s: a * s,
+          c_fwd="a * s", c_da="g * s", domain=(real,), cases=tuple((x, None, -0.75) for x, _, _ in UN),
+          doc="a · scalar")
+
+
+def rdivs_da(g, out, a, b, s, ws):
+    # d(s/a)/da = −s/a² = −out/a
+    t = ws.take(g.shape)
+    np.multiply(g, out, out=t)
+    np.divide(t, a, out=t)
+    return np.negative(t, out=t)
+
+
+rdivs = op("rdivs", 1, same,
+           fwd=lambda a, b, s, out, ws: np.divide(s, a, out=out),
+           da=rdivs_da,
+           ref=lambda jnp, a, b, s: s / a,
+           c_fwd="s / a", c_da="-(g * out / a)", domain=(positive,),
+           cases=tuple((x, None, 2.5) for x, _, _ in UN), doc="scalar / a")
+
+
+def square_da(g, out, a, b, s, ws):
+    t = ws.take(g.shape)
+    np.multiply(2.0, a, out=t)
+    return np.multiply(g, t, out=t)
+
+
+square = op("square", 1, same,
+            fwd=lambda a, b, s, out, ws: np.multiply(a, a, out=out),
+            da=square_da,
+            ref=lambda jnp, a, b, s: a ** 2,
+            c_fwd="a * a", c_da="g * (2.0 * a)", domain=(real,), cases=UN)
+
+
+def pow_da(g, out, a, b, s, ws):
+    # p · a^(p−1)
+    t = ws.take(g.shape)
+    np.power(a, s - 1.0, out=t)
+    np.multiply(s, t, out=t)
+    return np.multiply(g, t, out=t)
+
+
+pow = op("pow", 1, same,
+         fwd=lambda a, b, s, out, ws: np.power(a, s, out=out),
+         da=pow_da,
+         ref=lambda jnp, a, b, s: jnp.power(a, s),
+         c_fwd="pow(a, s)", c_da="g * (s * pow(a, s - 1.0))", tier="libm",
+         domain=(positive,), cases=tuple((x, None, p) for (x, _, _), p in zip(UN, (3.0, -1.5, 0.5, 2.5))),
+         doc="a ** constant (positive a)")
+relu = op("relu", 1, same,
+          fwd=lambda a, b, s, out, ws: np.maximum(a, 0.0, out=out),
+          da=relu_da,
+          ref=lambda jnp, a, b, s: jnp.where(a > 0, a, 0.0),
+          c_fwd="a > 0.0 ? a : 0.0", c_da="g * (a > 0.0 ? 1.0 : 0.0)", domain=(away0,), cases=UN)
+abs = op("abs", 1, same,
+         fwd=lambda a, b, s, out, ws: np.abs(a, out=out),
+         da=abs_da,
+         ref=lambda jnp, a, b, s: jnp.abs(a),
+         c_fwd="fabs(a)", c_da="g * (a > 0.0 ? 1.0 : (a < 0.0 ? -1.0 : 0.0))", domain=(away0,), cases=UN)
+sigmoid = op("sigmoid", 1, same,
+             fwd=sigmoid_fwd,
+             da=into(lambda g, out, a, b, s, t: (np.subtract(1.0, out, out=t), np.multiply(out, t, out=t),
+                                                    np.multiply(g, t, out=t))),
+             ref=lambda jnp, a, b, s: 0.5 * (jnp.tanh(0.5 * a) + 1.0),
+             c_fwd="(a >= 0.0 ? 1.0 : exp(-fabs(a))) / (1.0 + exp(-fabs(a)))",
+             c_da="g * (out * (1.0 - out))", tier="libm", domain=(real,), cases=UN,
+             doc="1/(1+e^-a), evaluated without overflow for any finite a")
+tanh = op("tanh", 1, same,
+          fwd=lambda a, b, s, out, ws: np.tanh(a, out=out),
+          da=into(lambda g, out, a, b, s, t: (np.multiply(out, out, out=t), np.subtract(1.0, t, out=t),
+                                                 np.multiply(g, t, out=t))),
+          ref=lambda jnp, a, b, s: jnp.tanh(a),
+          c_fwd="tanh(a)", c_da="g * (1.0 - out * out)", tier="libm", domain=(real,), cases=UN)
+exp = op("exp", 1, same,
+         fwd=lambda a, b, s, out, ws: np.exp(a, out=out),
+         da=into(lambda g, out, a, b, s, t: np.multiply(g, out, out=t)),
+         ref=lambda jnp, a, b, s: jnp.exp(a),
+         c_fwd="exp(a)", c_da="g * out", tier="libm", domain=(real,), cases=UN)
+log = op("log", 1, same,
+         fwd=lambda a, b, s, out, ws: np.log(a, out=out),
+         da=into(lambda g, out, a, b, s, t: np.divide(g, a, out=t)),
+         ref=lambda jnp, a, b, s: jnp.log(a),
+         c_fwd="log(a)", c_da="g / a", tier="libm", domain=(positive,), cases=UN)
+sqrt = op("sqrt", 1, same,
+          fwd=lambda a, b, s, out, ws: np.sqrt(a, out=out),
+          da=into(lambda g, out, a, b, s, t: (np.multiply(2.0, out, out=t), np.divide(g, t, out=t))),
+          ref=lambda jnp, a, b, s: jnp.sqrt(a),
+          c_fwd="sqrt(a)", c_da="g / (2.0 * out)", domain=(positive,), cases=UN)
+
+sum = op("sum", 1, reduced, fwd=reduce_sum_fwd, da=spread_da,
+         ref=lambda jnp, a, b, s: jnp.sum(a, axis=s[0], keepdims=s[1]),
+         tier="order", kind="reduce", domain=(real,), cases=RED,
+         doc="Σ over axes (None = all); s = (axes, keepdims)")
+mean = op("mean", 1, reduced, fwd=mean_fwd, da=mean_da,
+          ref=lambda jnp, a, b, s: jnp.mean(a, axis=s[0], keepdims=s[1]),
+          tier="order", kind="reduce", domain=(real,), cases=RED,
+          doc="Σ/n over axes; the gradient is exactly g/n")
+max = op("max", 1, reduced, fwd=max_fwd, da=max_da,
+         ref=lambda jnp, a, b, s: jnp.max(a, axis=s[0], keepdims=s[1]),
+         kind="reduce", domain=(spread,), cases=RED,
+         doc="max over axes; tied maxima share the gradient equally")
+
+matmul = op("matmul", 2, matmul_shape, fwd=matmul_fwd, da=matmul_da, db=matmul_db,
+            ref=lambda jnp, a, b, s: jnp.einsum("ik,kj->ij", a, b),
+            tier="blas", kind="matmul", domain=(real, real),
+            cases=(((3, 4), (4, 5), None), ((1, 7), (7, 1), None), ((6, 2), (2, 3), None)),
+            doc="(m, k) @ (k, n) through BLAS")
+bmm = op("bmm", 2, bmm_shape, fwd=matmul_fwd, da=bmm_da, db=bmm_db,
+         ref=lambda jnp, a, b, s: jnp.einsum("bik,bkj->bij", a, b),
+         tier="blas", kind="matmul", domain=(real, real),
+         cases=(((2, 3, 4), (2, 4, 5), None), ((3, 1, 2), (3, 2, 2), None)),
+         doc="(B, m, k) @ (B, k, n)")
+
+transpose = op("transpose", 1, transpose_shape,
+               fwd=lambda a, b, s, out, ws: np.copyto(out, a.transpose(s)),
+               da=transpose_da,
+               ref=lambda jnp, a, b, s: jnp.transpose(a, s),
+               kind="layout", domain=(real,),
+               cases=(((3, 4), None, (1, 0)), ((2, 3, 4), None, (2, 0, 1)), ((5,), None, (0,))),
+               doc="permute axes (s = the permutation)")
+reshape = op("reshape", 1, reshape_shape,
+             fwd=lambda a, b, s, out, ws: np.copyto(out, a.reshape(s)),
+             da=lambda g, out, a, b, s, ws: g.reshape(a.shape),
+             ref=lambda jnp, a, b, s: jnp.reshape(a, s),
+             kind="layout", domain=(real,),
+             cases=(((3, 4), None, (12,)), ((2, 6), None, (3, 2, 2)), ((4,), None, (1, 4))))
+broadcast_to = op("broadcast_to", 1, broadcast_to_shape,
+                  fwd=lambda a, b, s, out, ws: np.copyto(out, a),
+                  da=lambda g, out, a, b, s, ws: g,
+                  ref=lambda jnp, a, b, s: jnp.broadcast_to(a, s),
+                  kind="layout", domain=(real,),
+                  cases=(((4,), None, (3, 4)), ((3, 1), None, (3, 5)), ((), None, (2, 2))))
+softmax = op("softmax", 1, axis_shape, fwd=softmax_fwd, da=softmax_da,
+             ref=lambda jnp, a, b, s: jnp.exp(a) / jnp.sum(jnp.exp(a), axis=s, keepdims=True),
+             tier="libm", kind="softmax", domain=(real,),
+             cases=(((3, 4), None, 1), ((3, 4), None, 0), ((2, 3, 5), None, 1), ((6,), None, 0)),
+             doc="exp(a − max)/Σ exp(a − max) along one axis")
+logsoftmax = op("logsoftmax", 1, axis_shape, fwd=logsoftmax_fwd, da=logsoftmax_da,
+                ref=lambda jnp, a, b, s: a - jnp.log(jnp.sum(jnp.exp(a), axis=s, keepdims=True)),
+                tier="libm", kind="softmax", domain=(real,),
+                cases=(((3, 4), None, 1), ((4, 3), None, 0), ((6,), None, 0)),
+                doc="a − max − log Σ exp(a − max) along one axis (for cross-entropy)")
+slice = op("slice", 1, slice_shape,
+           fwd=lambda a, b, s, out, ws: np.copyto(out, a[slices(s)]),
+           da=slice_da,
+           ref=lambda jnp, a, b, s: a[slices(s)],
+           kind="layout", domain=(real,),
+           cases=(((5, 4), None, ((1, 4), (0, 2))), ((6,), None, ((2, 5),)), ((2, 3, 4), None, ((0, 2), (1, 2), (1, 4)))),
+           doc="a[lo:hi, …] (s = one (lo, hi) per axis)")
+concat = op("concat", 2, concat_shape, fwd=concat_fwd, da=concat_da, db=concat_db,
+            ref=lambda jnp, a, b, s: jnp.concatenate([a, b], axis=s),
+            kind="layout", domain=(real, real),
+            cases=(((2, 3), (4, 3), 0), ((2, 3), (2, 1), 1), ((3,), (2,), 0)),
+            doc="join a and b along axis s")

@@ -1,0 +1,467 @@
+"""The tape: a single-owner arena of nodes, values and gradients, and its reverse sweep."""
+import functools
+import math
+import os
+import sys
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from . import ops as O
+from ._arena import Arena, aligned_copy, aligned_empty
+from .errors import (DTypeError, ForeignVarError, LazyValueError, NonFiniteError, ShapeError, TapeError,
+                     at)
+
+_PKG = os.path.dirname(os.path.abspath(__file__))
+_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+
+
+class Node(NamedTuple):
+    """One tape entry: the op, input ids (-1 = none), the static operand, and bookkeeping."""
+    op: O.Op
+    a: int
+    b: int
+    s: object
+    req: bool      # a parameter is upstream: backward must reach it
+    epoch: int     # the reset generation that created it (stale Vars are caught with it)
+    src: object    # (code, line) of the user frame that created it
+    lazy: bool     # it depends on a lazy or dropped constant: the tape holds no value
+
+
+_node = functools.partial(tuple.__new__, Node)  # C-speed Node construction on the hot path
+
+
+class NonFinite(NamedTuple):
+    """Where a non-finite number first appears (see ``Tape.first_nonfinite``)."""
+    node: int
+    op: str
+    kind: str           # "value" or "grad"
+    input_shapes: tuple
+    where: str          # "file.py:line"
+
+    def __str__(self):
+        return (f"{self.op} (node {self.node}): first non-finite {self.kind}, inputs {self.input_shapes}, "
+                f"created at {self.where}")
+
+
+class Var:
+    """A handle to one node of a tape; supports Python operators and the op methods.
+
+    >>> import tapegrad as tg, numpy as np
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([1.0, 2.0]))
+    >>> y = (x * x).sum()
+    >>> tape.backward(y)
+    True
+    >>> tape.grad(x)
+    array([2., 4.])
+    """
+    __slots__ = ("tape", "id", "epoch")
+    __array_priority__ = 1000  # ndarray ⊕ Var defers to Var
+
+    def __init__(self, tape, i, epoch):
+        self.tape = tape
+        self.id = i
+        self.epoch = epoch
+
+    def __repr__(self):
+        if self.id < 0:
+            return "<Var poisoned>"
+        return f"<Var node {self.id}: {self.tape._nodes[self.id].op.name} {self.shape}>"
+
+    @property
+    def shape(self):
+        return self.tape._shape[self.tape._index(self, "shape", "self")]
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+    @property
+    def value(self):
+        return self.tape.value(self)
+
+    @property
+    def grad(self):
+        return self.tape.grad(self)
+
+    def __bool__(self):
+        raise TypeError("a Var has no truth value; compare values with tape.value(v)")
+
+    __hash__ = object.__hash__
+
+
+class Tape:
+    """A define-by-run tape over NumPy.
+
+    Every op computes its value eagerly and appends one node; ``backward`` walks the nodes once in
+    reverse (inputs always have smaller ids, so reverse order is topological order).
+
+    Parameters
+    ----------
+    dtype : float64 (default) or float32.
+    on_error : "raise" (default) raises a ``TapeError`` and leaves the tape as it was; "poison" keeps
+        ops returning (poisoned Vars), sets ``ok`` to False, keeps the first reason in ``error``, and
+        ``backward`` returns False.
+    check_finite : raise ``NonFiniteError`` at the first op whose value is not finite (the node is not
+        appended), and after a ``backward`` that produced a non-finite gradient.
+
+    >>> import tapegrad as tg, numpy as np
+    >>> tape = tg.Tape()
+    >>> w = tape.param(np.ones((3, 2)))
+    >>> start = tape.mark()
+    >>> x = tape.const(np.arange(6.0).reshape(2, 3))
+    >>> loss = (x @ w).relu().mean()
+    >>> tape.backward(loss), tape.grad(w)[0, 0]
+    (True, 1.5)
+    >>> tape.reset_to(start); len(tape)
+    1
+    """
+
+    def __init__(self, dtype=np.float64, *, on_error="raise", check_finite=False):
+        dtype = np.dtype(dtype)
+        if dtype not in _DTYPES:
+            raise DTypeError(f"Tape: dtype must be float64 or float32, got {dtype}")
+        if on_error not in ("raise", "poison"):
+            raise ValueError(f"Tape: on_error must be 'raise' or 'poison', got {on_error!r}")
+        self.dtype = dtype
+        self.poison = on_error == "poison"
+        self.check_finite = check_finite
+        self.ok = True
+        self.error: Optional[TapeError] = None
+        self._nodes = []      # Node per id
+        self._val = []        # value array per id (None: lazy or dropped)
+        self._shape = []      # shape per id (known even without a value)
+        self._grad = []       # gradient buffer per id, None until first touched
+        self._gpass = []      # the backward pass that last wrote the gradient
+        self._vpos = []       # value-arena position before the node's value (None for leaves)
+        self._epoch = 0
+        self._pass = 0        # backward passes so far
+        self._since = 1       # first pass since the last reset: leaf grads older than it read as zero
+        self._vals = Arena(dtype)
+        self._grads = Arena(dtype)
+        self._tmp = Arena(dtype)
+        self._arena_grads = []
+
+    # ── leaves ───────────────────────────────────────────────────────────────
+
+    def param(self, array):
+        """Register a trainable parameter; the array is copied into tape-owned aligned memory."""
+        return self._leaf(O.param, array, "param")
+
+    def const(self, array):
+        """Register a constant (no gradient flows into it); copied in like ``param``."""
+        return self._leaf(O.const, array, "const")
+
+    def const_lazy(self, shape, dtype=None):
+        """A constant declared by shape whose values come later, through a captured program.
+
+        The tape records ops on it (shapes only) but cannot evaluate them: use it on graphs that
+        will be captured (``tapegrad.capture``) so frozen weights never sit in host memory twice.
+        """
+        dtype = np.dtype(dtype or self.dtype)
+        if dtype not in _DTYPES:
+            raise DTypeError(f"{at('const_lazy', len(self))}: dtype must be float32 or float64, got {dtype}")
+        shape = tuple(int(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise ShapeError(f"{at('const_lazy', len(self))}: shape must have non-negative dims, got {shape}")
+        return self._append(O.const, -1, -1, "lazy", None, shape, False, True, None)
+
+    def _leaf(self, op, array, name):
+        if isinstance(array, Var):
+            raise TypeError(f"{at(name, len(self))}: expected an array, got a Var (use it directly)")
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array, dtype=self.dtype if not isinstance(array, np.generic) else None)
+        if array.dtype.kind != "f" or array.dtype not in _DTYPES:
+            err = DTypeError(f"{at(name, len(self))}: expected float32 or float64 data, got {array.dtype}; "
+                             f"convert with .astype(np.float64)")
+            return self._fail(err)
+        value = aligned_copy(array, self.dtype)
+        return self._append(op, -1, -1, None, value, value.shape, op is O.param, False, None)
+
+    # ── the op path ──────────────────────────────────────────────────────────
+
+    def apply(self, op, a, b=None, s=None):
+        """Append one registry op applied to Vars ``a`` (and ``b``) with static operand ``s``."""
+        i = len(self._nodes)
+        try:
+            ia = self._index(a, op.name, "a")
+            ib = -1 if b is None else self._index(b, op.name, "b")
+            nodes = self._nodes
+            na = nodes[ia]
+            shape = op.shape(self._shape[ia], None if ib < 0 else self._shape[ib], s)
+        except O.Bad as e:
+            return self._fail(ShapeError(f"{at(op.name, i)}: {e}"))
+        except TapeError as e:
+            return self._fail(e)
+        if ib >= 0:
+            nb = nodes[ib]
+            req = na.req or nb.req
+            lazy = na.lazy or nb.lazy
+        else:
+            req, lazy = na.req, na.lazy
+        if lazy:
+            return self._append(op, ia, ib, s, None, shape, req, True, None)
+        pos = self._vals.pos
+        out = self._vals.take(shape)
+        vals = self._val
+        op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, self._tmp)
+        self._tmp.rewind()
+        if self.check_finite and not np.isfinite(out).all():
+            self._vals.rewind(pos)
+            src = _user_frame()
+            ins = tuple(self._shape[k] for k in (ia, ib) if k >= 0)
+            return self._fail(NonFiniteError(str(NonFinite(i, op.name, "value", ins, _where(src)))))
+        return self._append(op, ia, ib, s, out, shape, req, False, pos)
+
+    def _append(self, op, ia, ib, s, value, shape, req, lazy, pos):
+        i = len(self._nodes)
+        self._nodes.append(_node((op, ia, ib, s, req, self._epoch, _user_frame(), lazy)))
+        self._val.append(value)
+        self._shape.append(shape)
+        self._grad.append(None)
+        self._gpass.append(0)
+        self._vpos.append(pos)
+        return Var(self, i, self._epoch)
+
+    def _index(self, v, opname, arg):
+        """The node id of Var ``v``, or a ForeignVarError naming the op and the argument."""
+        if type(v) is not Var:
+            raise TypeError(f"{at(opname, len(self._nodes))}: argument {arg} must be a Var, got {type(v).__name__}")
+        i = v.id
+        if v.tape is not self:
+            if i < 0:
+                raise ForeignVarError(f"{at(opname, len(self._nodes))}: argument {arg} is a poisoned Var")
+            raise ForeignVarError(f"{at(opname, len(self._nodes))}: argument {arg} (node {i}) belongs to another "
+                                  f"tape; record the whole computation on one tape")
+        if i >= len(self._nodes) or self._nodes[i].epoch != v.epoch:
+            raise ForeignVarError(f"{at(opname, len(self._nodes))}: argument {arg} (node {i}) was dropped by "
+                                  f"reset_to; Vars created after a mark are invalid once the tape is reset "
+                                  f"to it")
+        return i
+
+    def _fail(self, err):
+        if not self.poison:
+            raise err
+        if self.ok:
+            self.ok = False
+            self.error = err
+        return Var(None, -1, -1)
+
+    # ── reading values and gradients ─────────────────────────────────────────
+
+    def value(self, v):
+        """A read-only view of a node's value (invalid after a reset past the node)."""
+        i = self._index(v, "value", "v")
+        val = self._val[i]
+        if val is None:
+            raise LazyValueError(self._no_value(i, "value"))
+        view = val.view()
+        view.flags.writeable = False
+        return view
+
+    def grad(self, v):
+        """A read-only view of the accumulated gradient d loss/d v; zeros if backward never reached v."""
+        i = self._index(v, "grad", "v")
+        g = self._grad[i]
+        if g is None:
+            g = self._grad[i] = aligned_empty(self._shape[i], self.dtype)
+            g.fill(0.0)
+        elif not self._touched(i):
+            g.fill(0.0)
+        view = g.view()
+        view.flags.writeable = False
+        return view
+
+    def touched(self, v):
+        """Whether backward has written d loss/d v since the last reset (untouched params are skipped)."""
+        return self._touched(self._index(v, "touched", "v"))
+
+    def _touched(self, i):
+        p = self._gpass[i]
+        return p >= self._since if self._nodes[i].op.arity == 0 else p == self._pass and p > 0
+
+    def _no_value(self, i, what):
+        k = next(k for k in _ancestors(self._nodes, i) if self._nodes[k].op.arity == 0 and self._val[k] is None)
+        kind = "lazy" if self._nodes[k].s == "lazy" else "dropped (drop_consts)"
+        return (f"{at(self._nodes[i].op.name, i)}: has no {what} on the tape: it depends on the {kind} constant "
+                f"node {k}; run it through a captured program (tapegrad.capture) instead")
+
+    def __len__(self):
+        return len(self._nodes)
+
+    @property
+    def nodes(self):
+        """The node table (read-only tuple of ``Node``), in tape order."""
+        return tuple(self._nodes)
+
+    # ── episodes ─────────────────────────────────────────────────────────────
+
+    def mark(self):
+        """A watermark for ``reset_to``: the current length of the tape."""
+        return len(self._nodes)
+
+    def reset_to(self, mark):
+        """Drop every node with id >= mark and zero the surviving gradients, keeping all capacity.
+
+        The minibatch loop: register parameters, ``m = tape.mark()``, then per batch build the graph,
+        ``backward``, step the optimizer, ``tape.reset_to(m)``. Values and gradients of dropped nodes go
+        back to the arena and are reused by the next episode; Vars of dropped nodes become invalid.
+        """
+        if not isinstance(mark, (int, np.integer)) or not 0 <= mark <= len(self._nodes):
+            raise TapeError(f"reset_to: mark must be an int in [0, {len(self._nodes)}], got {mark!r}")
+        pos = next((p for p in self._vpos[mark:] if p is not None), None)
+        if pos is not None:
+            self._vals.rewind(pos)
+        for lst in (self._nodes, self._val, self._shape, self._grad, self._gpass, self._vpos):
+            del lst[mark:]
+        # Surviving gradients carved from the episode arena move to their own buffers, once.
+        for i in self._arena_grads:
+            if i < mark:
+                self._grad[i] = aligned_empty(self._shape[i], self.dtype)
+        self._arena_grads = []
+        self._grads.rewind()
+        self._epoch += 1
+        self._since = self._pass + 1
+
+    def drop_consts(self):
+        """Free the host values of every constant (after a capture holds them); returns bytes freed.
+
+        The tape can no longer evaluate ops that read a dropped constant; captured programs keep
+        their own copies, and parameters stay.
+        """
+        freed = 0
+        for i, n in enumerate(self._nodes):
+            if n.op is O.const and self._val[i] is not None:
+                freed += self._val[i].nbytes
+                self._val[i] = None
+                self._nodes[i] = n._replace(lazy=True)
+        return freed
+
+    # ── the reverse sweep ────────────────────────────────────────────────────
+
+    def backward(self, loss, seed=None):
+        """Accumulate d loss/d x into every node's gradient by one reverse walk of the tape.
+
+        ``loss`` must hold a single element unless ``seed`` (an array of loss's shape, the cotangent) is
+        given. Gradients of leaves accumulate across calls until ``reset_to`` (as in PyTorch);
+        intermediate gradients hold the latest pass. Returns False (and does nothing) on a poisoned
+        tape.
+
+        Broadcast inputs receive the contribution summed over the broadcast axes by one
+        ``numpy.add.reduce`` call (leading axes of a row-major contribution: row by row, in order).
+        """
+        if not self.ok:
+            return False
+        try:
+            i = self._index(loss, "backward", "loss")
+        except TapeError as e:
+            self._fail(e)
+            return False
+        shape = self._shape[i]
+        if seed is None:
+            if math.prod(shape) != 1:
+                self._fail(ShapeError(f"{at('backward', i)}: expected a scalar loss (one element), got shape "
+                                      f"{shape}; reduce it (e.g. .sum()) or pass seed="))
+                return False
+            seed = np.ones(shape, self.dtype)
+        else:
+            seed = np.asarray(seed)
+            if seed.shape != shape:
+                self._fail(ShapeError(f"{at('backward', i)}: seed must have the loss's shape {shape}, got "
+                                      f"{seed.shape}"))
+                return False
+        if self._nodes[i].lazy:
+            self._fail(LazyValueError(self._no_value(i, "gradient")))
+            return False
+        self._pass += 1
+        self._accumulate(i, seed)
+        self._sweep(i)
+        if self.check_finite:
+            bad = self.first_nonfinite()
+            if bad is not None:
+                self._fail(NonFiniteError(str(bad)))
+                return False
+        return True
+
+    def _sweep(self, top):
+        nodes, vals, grads, gpass, tmp = self._nodes, self._val, self._grad, self._gpass, self._tmp
+        p = self._pass
+        for k in range(top, -1, -1):
+            if gpass[k] != p:
+                continue
+            op, a, b, s = nodes[k][:4]
+            if not op.arity:
+                continue
+            g, out, va = grads[k], vals[k], vals[a]
+            vb = None if b < 0 else vals[b]
+            if nodes[a].req:
+                self._accumulate(a, op.da(g, out, va, vb, s, tmp))
+            if b >= 0 and nodes[b].req:
+                self._accumulate(b, op.db(g, out, va, vb, s, tmp))
+            tmp.rewind()
+
+    def _accumulate(self, j, c):
+        shape = self._shape[j]
+        if c.shape != shape:
+            c = unbroadcast(c, shape, self._tmp)
+        buf = self._grad[j]
+        if buf is None:
+            buf = self._grad[j] = self._grads.take(shape)
+            self._arena_grads.append(j)
+            np.copyto(buf, c)
+        elif self._touched(j):
+            np.add(buf, c, out=buf)
+        else:
+            np.copyto(buf, c)
+        self._gpass[j] = self._pass
+
+    # ── anomaly detection ────────────────────────────────────────────────────
+
+    def first_nonfinite(self):
+        """The first node, in forward order, whose value (then: gradient) holds inf or nan; else None."""
+        for kind, bufs in (("value", self._val), ("grad", self._grad)):
+            for i, buf in enumerate(bufs):
+                if buf is None or (kind == "grad" and not self._touched(i)):
+                    continue
+                if not np.isfinite(buf).all():
+                    n = self._nodes[i]
+                    ins = tuple(self._shape[k] for k in (n.a, n.b) if k >= 0)
+                    return NonFinite(i, n.op.name, kind, ins, _where(n.src))
+        return None
+
+
+def unbroadcast(c, shape, ws):
+    """Sum an out-shaped contribution down to ``shape`` over the axes broadcasting added or stretched."""
+    lead = c.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + k for k, n in enumerate(shape) if n == 1 and c.shape[lead + k] != 1)
+    r = ws.take(shape)
+    np.add.reduce(c, axis=axes, out=r.reshape([n for k, n in enumerate(c.shape) if k not in axes]))
+    return r
+
+
+def _ancestors(nodes, i):
+    """Ids reachable from node i through inputs, in increasing order (an explicit stack, no recursion)."""
+    seen, stack = set(), [i]
+    while stack:
+        k = stack.pop()
+        if k < 0 or k in seen:
+            continue
+        seen.add(k)
+        stack += (nodes[k].a, nodes[k].b)
+    return sorted(seen)
+
+
+def _user_frame():
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_PKG):
+        f = f.f_back
+    return (f.f_code, f.f_lineno) if f is not None else None
+
+
+def _where(src):
+    return "?" if src is None else f"{os.path.basename(src[0].co_filename)}:{src[1]}"

@@ -16,3 +16,6 @@ from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log
 from .tape import NonFinite, Tape, Var
 
 __version__ = "0.1.0"
+from .optim import SGD, Adam
+from .checkpoint import load, save
+from .gradcheck import gradcheck

@@ -1,0 +1,60 @@
+"""Gradient checking by central finite differences along random directions."""
+from typing import NamedTuple
+
+import numpy as np
+
+from .tape import Tape
+
+
+class GradcheckReport(NamedTuple):
+    """``ok``; per input the relative error of <∇f, u> against the finite difference; the worst input."""
+    ok: bool
+    errors: tuple
+    worst: int
+    grads: tuple
+
+    def __str__(self):
+        state = "ok" if self.ok else "FAILED"
+        return f"gradcheck {state}: worst input {self.worst}, relative errors {[f'{e:.2e}' for e in self.errors]}"
+
+
+def gradcheck(fn, *arrays, eps=1e-6, rtol=1e-6, atol=1e-9, directions=3, seed=0):
+    """Check the tape gradient of ``fn`` against central finite differences.
+
+    ``fn(tape, *vars)`` builds a one-element result on ``tape`` from parameters made of ``arrays``.
+    For each input and ``directions`` random unit directions u the identity ⟨∇f, u⟩ ≈ (f(x+εu) −
+    f(x−εu)) / 2ε is checked with ``|a − b| <= atol + rtol·max(|a|, |b|)``. In float64 with ε = 1e-6
+    the finite difference is accurate to about 1e-8 relative for smooth fns with O(1) curvature, so
+    the defaults sit well above the noise and far below any wrong rule.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tg.gradcheck(lambda t, x: (x.tanh() * x).sum(), np.linspace(-1, 1, 5)).ok
+    True
+    """
+    arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
+    tape = Tape()
+    xs = [tape.param(a) for a in arrays]
+    out = fn(tape, *xs)
+    tape.backward(out)
+    grads = tuple(np.array(tape.grad(x)) for x in xs)
+
+    def f(vals):
+        t = Tape()
+        return float(np.asarray(t.value(fn(t, *[t.param(v) for v in vals]))).reshape(()))
+
+    rng = np.random.default_rng(seed)
+    errors = []
+    for k, a in enumerate(arrays):
+        worst = 0.0
+        for _ in range(directions):
+            u = rng.standard_normal(a.shape)
+            u /= max(np.linalg.norm(u), 1e-300)
+            plus = [v if j != k else v + eps * u for j, v in enumerate(arrays)]
+            minus = [v if j != k else v - eps * u for j, v in enumerate(arrays)]
+            fd = (f(plus) - f(minus)) / (2 * eps)
+            an = float(np.sum(grads[k] * u))
+            err = abs(fd - an) / (atol / rtol + max(abs(fd), abs(an)))
+            worst = max(worst, err)
+        errors.append(worst)
+    worst_input = int(np.argmax(errors)) if errors else -1
+    return GradcheckReport(all(e <= rtol for e in errors), tuple(errors), worst_input, grads)

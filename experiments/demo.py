@@ -77,7 +77,8 @@ def progress(k, n, loss, width=30):
         return
     done = width * (k + 1) // n
     end = "\n" if k + 1 == n or not tty else ""
-    sys.stdout.write(f"{'\r' if tty else ''}  [{'#' * done}{'.' * (width - done)}] {k + 1}/{n} steps  loss {loss:.4f}{end}")
+    start = "\r" if tty else ""
+    sys.stdout.write(f"{start}  [{'#' * done}{'.' * (width - done)}] {k + 1}/{n} steps  loss {loss:.4f}{end}")
     sys.stdout.flush()
 
 

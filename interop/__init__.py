@@ -1,0 +1,18 @@
+"""interop: tapegrad inside JAX — every import of jax in the project lives here.
+
+- ``to_jax`` / ``from_jax`` (and ``cupy_to_jax`` / ``jax_to_cupy``): zero-copy DLPack bridges.
+- ``jax_function(build)``: a function recorded on a tape as a differentiable JAX function.
+- ``program_call(program)`` / ``program_episode(program)``: a captured native program as an XLA FFI
+  custom call inside ``jax.jit`` (differentiable, batchable, per-shard under ``shard_map``).
+- ``check_grads(f, *args)``: the gradient oracle — replay a ``jax.numpy`` function's jaxpr on a tape
+  and compare with ``jax.grad``.
+
+Importing interop enables ``jax_enable_x64`` (see ``interop._jax``).
+"""
+from ._jax import jax, jnp
+from .dlpack import CopyWarning, cupy_to_jax, from_jax, jax_to_cupy, to_jax
+
+__all__ = ["jax", "jnp", "CopyWarning", "to_jax", "from_jax", "cupy_to_jax", "jax_to_cupy"]
+from .function import TransformError, jax_function
+
+__all__ += ["TransformError", "jax_function"]

@@ -1,0 +1,161 @@
+"""Zero-copy bridges between tapegrad memory (NumPy, CuPy) and JAX arrays, over DLPack.
+
+Policy (research/interop.md §5): an array crosses without a copy when it is 64-byte aligned, compact
+(C or Fortran order), non-empty, of a dtype DLPack carries, and its memory is writable (a read-only
+*view* of writable memory, such as ``tape.value(v)``, counts: tapegrad hands out read-only views of
+its own buffers). Otherwise ``copy=None`` copies and warns with ``CopyWarning``; ``copy=False``
+raises ``ValueError`` saying why; ``copy=True`` always copies. ``jax.device_put`` is never used on
+tape memory: on CPU it silently aliases aligned arrays (jax-ml/jax#37830).
+
+A zero-copy JAX array *aliases* the tape's buffer: an optimizer step or a ``reset_to`` that reuses
+the memory changes what the JAX array reads. Take ``copy=True`` for a snapshot.
+"""
+import warnings
+
+import numpy as np
+
+from ._jax import jax, jnp
+
+ALIGN = 64
+_KINDS = "fiucb"  # float, int, uint, complex, bool: what NumPy exports over DLPack
+
+
+class CopyWarning(UserWarning):
+    """A bridge had to copy because zero-copy was impossible (the message says why)."""
+
+
+def _address(a):
+    return a.__array_interface__["data"][0]
+
+
+def _why_not_zero_copy(a):
+    """The reason ``a`` cannot be shared with JAX without a copy, or None if it can."""
+    if a.dtype.kind not in _KINDS or a.dtype.itemsize > 16 or a.dtype.byteorder not in "=|":
+        return f"dtype {a.dtype} cannot travel over NumPy's DLPack export"
+    if a.size == 0:
+        return "it is empty (size 0)"
+    if not (a.flags.c_contiguous or a.flags.f_contiguous):
+        return f"it is strided (strides {a.strides}); JAX only imports compact arrays"
+    if _address(a) % ALIGN:
+        return f"its data pointer is {_address(a) % ALIGN} bytes past a 64-byte boundary (JAX needs 64)"
+    if not a.flags.writeable and _writable_alias(a) is None:
+        return "its memory is read-only (NumPy refuses to export read-only arrays)"
+    return None
+
+
+def _writable_alias(a):
+    """A writable view of ``a`` when its memory is writable underneath (tape views), else None."""
+    if a.flags.writeable:
+        return a
+    v = a.view()
+    try:
+        v.flags.writeable = True
+    except ValueError:
+        return None
+    return v
+
+
+def to_jax(array, copy=None):
+    """A JAX array (CPU) holding the same memory as the NumPy array ``array`` when possible.
+
+    ``copy=None``: share when possible, else copy with a ``CopyWarning``; ``copy=False``: share or
+    raise ``ValueError``; ``copy=True``: always an independent copy.
+
+    >>> import numpy as np, tapegrad as tg, interop
+    >>> tape = tg.Tape(); w = tape.param(np.arange(4.0))
+    >>> j = interop.to_jax(tape.value(w))
+    >>> j.unsafe_buffer_pointer() == tape.value(w).ctypes.data
+    True
+    """
+    if copy not in (None, True, False):
+        raise ValueError(f"to_jax: copy must be None, True or False, got {copy!r}")
+    a = np.asarray(array)
+    if copy is True:
+        return jnp.array(a, copy=True)
+    why = _why_not_zero_copy(a)
+    if why is None:
+        return jnp.from_dlpack(_writable_alias(a))
+    if copy is False:
+        raise ValueError(f"to_jax: cannot share this {a.dtype}{list(a.shape)} array without a copy: {why}; "
+                         f"pass copy=True (or None) to copy, or allocate it 64-byte aligned and compact")
+    warnings.warn(f"to_jax: copying a {a.dtype}{list(a.shape)} array: {why}", CopyWarning, stacklevel=2)
+    return jnp.array(a, copy=True)
+
+
+def from_jax(x, copy=None):
+    """A read-only NumPy view of a JAX CPU array's memory (zero-copy), or a copy where it must be.
+
+    A JAX array on a device other than the host (a GPU) cannot be viewed from NumPy: ``copy=None``
+    copies it with a ``CopyWarning``, ``copy=False`` raises ``ValueError``. ``copy=True`` returns a
+    fresh writable array.
+
+    >>> import numpy as np, interop
+    >>> j = interop.jnp.arange(3.0)
+    >>> v = interop.from_jax(j); v.flags.writeable, v.ctypes.data == j.unsafe_buffer_pointer()
+    (False, True)
+    """
+    if copy not in (None, True, False):
+        raise ValueError(f"from_jax: copy must be None, True or False, got {copy!r}")
+    if not isinstance(x, jax.Array):
+        raise TypeError(f"from_jax: expected a jax.Array, got {type(x).__name__}")
+    if copy is True:
+        return np.array(x, copy=True)
+    platforms = {d.platform for d in x.devices()}
+    if platforms == {"cpu"} and x.size:
+        v = np.from_dlpack(x)
+        if v.flags.writeable:  # never hand out a writable window onto an immutable jax.Array
+            v = v.view()
+            v.flags.writeable = False
+        return v
+    why = f"it lives on {sorted(platforms)}" if platforms != {"cpu"} else "it is empty"
+    if copy is False:
+        raise ValueError(f"from_jax: cannot view a {x.dtype}{list(x.shape)} array from NumPy without a copy: "
+                         f"{why}; pass copy=True (or None)")
+    warnings.warn(f"from_jax: copying a {x.dtype}{list(x.shape)} array: {why}", CopyWarning, stacklevel=2)
+    v = np.array(x, copy=True)
+    v.flags.writeable = False
+    return v
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as e:
+        raise ImportError("interop: the CuPy bridges need CuPy (pip install 'tapegrad[gpu]') and a CUDA GPU") from e
+    return cupy
+
+
+def cupy_to_jax(array, copy=None):
+    """A JAX GPU array sharing a CuPy array's memory (stream-ordered by DLPack's ``stream=``).
+
+    ``copy=True`` copies on the device first (``cupy.ascontiguousarray(array).copy()``); a strided
+    array is copied with a ``CopyWarning`` under ``copy=None`` and refused under ``copy=False``.
+    """
+    cp = _cupy()
+    if copy not in (None, True, False):
+        raise ValueError(f"cupy_to_jax: copy must be None, True or False, got {copy!r}")
+    if copy is True:
+        return jnp.from_dlpack(array.copy())
+    if not (array.flags.c_contiguous or array.flags.f_contiguous):
+        why = f"it is strided (strides {array.strides}); JAX only imports compact arrays"
+        if copy is False:
+            raise ValueError(f"cupy_to_jax: cannot share without a copy: {why}")
+        warnings.warn(f"cupy_to_jax: copying: {why}", CopyWarning, stacklevel=2)
+        array = cp.ascontiguousarray(array)
+    return jnp.from_dlpack(array)
+
+
+def jax_to_cupy(x, copy=None):
+    """A CuPy array sharing a JAX GPU array's memory. Treat it as read-only: JAX arrays are immutable
+    and CuPy cannot mark memory read-only. ``copy=True`` gives an independent CuPy array."""
+    cp = _cupy()
+    if copy not in (None, True, False):
+        raise ValueError(f"jax_to_cupy: copy must be None, True or False, got {copy!r}")
+    if copy is True:
+        return cp.from_dlpack(x).copy()
+    if {d.platform for d in x.devices()} != {"gpu"}:
+        if copy is False:
+            raise ValueError("jax_to_cupy: the array is not on a GPU; CuPy cannot view host memory without a copy")
+        warnings.warn("jax_to_cupy: copying a host array to the GPU", CopyWarning, stacklevel=2)
+        return cp.asarray(np.asarray(x))
+    return cp.from_dlpack(x)

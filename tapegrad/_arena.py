@@ -30,10 +30,9 @@ class Arena:
 
     def __init__(self, dtype, first=1 << 14):
         self.dtype = np.dtype(dtype)
-        self.step = ALIGN // self.dtype.itemsize
+        self.mask = ALIGN // self.dtype.itemsize - 1
         self.slabs = [aligned_empty((first,), self.dtype)]
-        self.si = 0
-        self.off = 0
+        self.rewind((0, 0))
 
     @property
     def pos(self):
@@ -41,17 +40,18 @@ class Arena:
 
     def rewind(self, pos=(0, 0)):
         self.si, self.off = pos
+        self.slab = self.slabs[self.si]
+        self.cap = self.slab.shape[0]
 
     def take(self, shape, n=None):
         if n is None:
             n = math.prod(shape)
         off = self.off
-        end = off + n + (-n % self.step)
-        slab = self.slabs[self.si]
-        if end > slab.shape[0]:
+        end = off + ((n + self.mask) & ~self.mask)
+        if end > self.cap:
             return self._next_slab(shape, n)
         self.off = end
-        return slab[off:off + n].reshape(shape)
+        return self.slab[off:off + n].reshape(shape)
 
     def take_mask(self, shape):
         """A bool buffer (for ``where=`` masks), carved like any other."""
@@ -60,13 +60,63 @@ class Arena:
         return self.take((words,)).view(np.bool_)[:n].reshape(shape)
 
     def _next_slab(self, shape, n):
-        self.si += 1
-        self.off = 0
-        if self.si == len(self.slabs):
-            self.slabs.append(aligned_empty((max(2 * self.slabs[-1].shape[0], n + self.step),), self.dtype))
-        elif self.slabs[self.si].shape[0] < n:
-            self.slabs[self.si] = aligned_empty((max(2 * self.slabs[self.si].shape[0], n + self.step),), self.dtype)
+        si = self.si + 1
+        size = max(2 * self.slabs[-1].shape[0], n + self.mask + 1)
+        if si == len(self.slabs):
+            self.slabs.append(aligned_empty((size,), self.dtype))
+        elif self.slabs[si].shape[0] < n:
+            self.slabs[si] = aligned_empty((size,), self.dtype)
+        self.rewind((si, 0))
         return self.take(shape, n)
 
     def nbytes(self):
         return sum(s.nbytes for s in self.slabs)
+
+
+class ParamStore:
+    """Parameters side by side in aligned slabs, with their gradients at the same offsets.
+
+    Consecutive parameters are contiguous (each padded to 64 bytes, padding kept at zero), so an
+    optimizer can update a whole run of them with a handful of ufunc calls instead of a handful per
+    parameter.
+    """
+
+    def __init__(self, dtype, first=1 << 12):
+        self.dtype = np.dtype(dtype)
+        self.step = ALIGN // self.dtype.itemsize
+        self.vals, self.grads = [], []
+        self._first = first
+        self.si, self.off = -1, 0
+
+    @property
+    def pos(self):
+        return (self.si, self.off)
+
+    def rewind(self, pos):
+        self.si, self.off = pos
+        for v, g in zip(self.vals[max(self.si, 0):], self.grads[max(self.si, 0):]):
+            lo = self.off if v is self.vals[self.si] else 0
+            v[lo:] = 0.0
+            g[lo:] = 0.0
+
+    def add(self, shape):
+        """Room for one parameter: (slab, lo), its value view and its gradient view."""
+        n = math.prod(shape)
+        padded = n + (-n % self.step)
+        if self.si < 0 or self.off + padded > self.vals[self.si].shape[0]:
+            self.si += 1
+            self.off = 0
+            if self.si == len(self.vals) or self.vals[self.si].shape[0] < padded:
+                last = self.vals[-1].shape[0] if self.vals else self._first
+                cap = max(2 * last, padded)
+                fresh = [aligned_empty((cap,), self.dtype) for _ in range(2)]
+                for a in fresh:
+                    a.fill(0.0)
+                self.vals[self.si:self.si + 1], self.grads[self.si:self.si + 1] = [fresh[0]], [fresh[1]]
+        lo = self.off
+        self.off += padded
+        return (self.si, lo), self.span(self.si, lo, lo + n, shape)
+
+    def span(self, si, lo, hi, shape=None):
+        shape = (hi - lo,) if shape is None else shape
+        return self.vals[si][lo:hi].reshape(shape), self.grads[si][lo:hi].reshape(shape)

@@ -28,7 +28,7 @@ def save(path, tape, opt=None):
     """
     ids = _params(tape)
     arrays = {f"param_{k}": tape._val[i] for k, i in enumerate(ids)}
-    meta = {"format": FORMAT, "dtype": tape.dtype.name, "params": [list(tape._shape[i]) for i in ids]}
+    meta = {"format": FORMAT, "dtype": tape.dtype.name, "params": [list(tape._nodes[i].shape) for i in ids]}
     if opt is not None:
         state = opt.state_dict()
         meta["optimizer"] = {**opt.config(), "count": state["count"], "param_nodes": [v.id for v in opt.params]}
@@ -64,8 +64,8 @@ def load(path, tape, opt=None):
     if len(ids) != len(meta["params"]):
         raise TapeError(f"load: the checkpoint holds {len(meta['params'])} parameters, the tape has {len(ids)}")
     for k, (i, shape) in enumerate(zip(ids, meta["params"])):
-        if tuple(shape) != tape._shape[i]:
-            raise TapeError(f"load: parameter {k} (node {i}) has shape {tape._shape[i]}, the checkpoint {tuple(shape)}")
+        if tuple(shape) != tape._nodes[i].shape:
+            raise TapeError(f"load: parameter {k} (node {i}) has shape {tape._nodes[i].shape}, the checkpoint {tuple(shape)}")
     if meta["dtype"] != tape.dtype.name:
         raise TapeError(f"load: the checkpoint is {meta['dtype']}, the tape {tape.dtype.name}")
     state = None

@@ -35,3 +35,7 @@ class BuildError(TapeError, RuntimeError):
 def at(op, node):
     """The message prefix ``op (node i)`` every error starts with."""
     return f"{op} (node {node})"
+
+
+class ArgumentError(TapeError, TypeError):
+    """An argument of the wrong kind (e.g. an array where a Var is expected)."""

@@ -1,4 +1,5 @@
 """The ops as functions and as Var methods/operators; scalars and arrays are lifted onto the tape."""
+import builtins
 import numbers
 
 import numpy as np
@@ -28,7 +29,7 @@ def _scalar(x):
 
 
 def _binary(op, scalar_rule, a, b):
-    if isinstance(a, Var) and isinstance(b, Var):
+    if type(a) is Var and type(b) is Var:
         return a.tape.apply(op, a, b)
     if scalar_rule is not None and isinstance(a, Var) and _scalar(b):
         return scalar_rule(a, float(b), False)
@@ -38,32 +39,50 @@ def _binary(op, scalar_rule, a, b):
     return tape.apply(op, _var(a, tape), _var(b, tape))
 
 
+def _adds(v, s, flip):
+    return v.tape.apply(O.adds, v, None, s)
+
+
+def _subs(v, s, flip):
+    if flip:  # s − v = (−v) + s, rounded identically
+        return v.tape.apply(O.adds, v.tape.apply(O.neg, v), None, s)
+    return v.tape.apply(O.adds, v, None, -s)
+
+
+def _muls(v, s, flip):
+    return v.tape.apply(O.muls, v, None, s)
+
+
+def _divs(v, s, flip):
+    if flip:
+        return v.tape.apply(O.rdivs, v, None, s)
+    return v.tape.apply(O.div, v, v.tape.const(np.array(s, v.tape.dtype)))
+
+
 def add(a, b):
     """a + b, broadcasting (a Python scalar on either side becomes ``adds``)."""
-    return _binary(O.add, lambda v, s, flip: v.tape.apply(O.adds, v, None, s), a, b)
+    if type(a) is Var and type(b) is Var:
+        return a.tape.apply(O.add, a, b)
+    return _binary(O.add, _adds, a, b)
 
 
 def sub(a, b):
     """a − b, broadcasting."""
-    def scalar(v, s, flip):
-        if flip:  # s − v = (−v) + s, rounded identically
-            return v.tape.apply(O.adds, v.tape.apply(O.neg, v), None, s)
-        return v.tape.apply(O.adds, v, None, -s)
-    return _binary(O.sub, scalar, a, b)
+    if type(a) is Var and type(b) is Var:
+        return a.tape.apply(O.sub, a, b)
+    return _binary(O.sub, _subs, a, b)
 
 
 def mul(a, b):
     """a · b, broadcasting (a scalar on either side becomes ``muls``)."""
-    return _binary(O.mul, lambda v, s, flip: v.tape.apply(O.muls, v, None, s), a, b)
+    if type(a) is Var and type(b) is Var:
+        return a.tape.apply(O.mul, a, b)
+    return _binary(O.mul, _muls, a, b)
 
 
 def div(a, b):
     """a / b, broadcasting (``s / v`` becomes ``rdivs``; ``v / s`` divides by a constant)."""
-    def scalar(v, s, flip):
-        if flip:
-            return v.tape.apply(O.rdivs, v, None, s)
-        return v.tape.apply(O.div, v, v.tape.const(np.array(s, v.tape.dtype)))
-    return _binary(O.div, scalar, a, b)
+    return _binary(O.div, _divs, a, b)
 
 
 def maximum(a, b):
@@ -124,7 +143,7 @@ def bmm(a, b):
 
 def transpose(a, axes=None):
     """Permute axes (default: reverse them), as ``numpy.transpose``."""
-    axes = tuple(reversed(range(a.ndim))) if axes is None else tuple(int(k) % max(a.ndim, 1) for k in axes)
+    axes = tuple(reversed(range(a.ndim))) if axes is None else tuple(int(k) % builtins.max(a.ndim, 1) for k in axes)
     return a.tape.apply(O.transpose, a, None, axes)
 
 
@@ -163,7 +182,7 @@ def concat(xs, axis=0):
     xs = list(xs)
     out = xs[0]
     for x in xs[1:]:
-        nd = max(out.ndim, 1)
+        nd = builtins.max(out.ndim, 1)
         out = out.tape.apply(O.concat, out, x, int(axis) % nd if -nd <= axis < nd else axis)
     return out
 
@@ -183,9 +202,18 @@ def mse(y, t):
     return mean(square(sub(y, t)))
 
 
-def softmax_cross_entropy(logits, onehot, axis=-1):
-    """mean over rows of −Σ onehot · log_softmax(logits), a composite of registry ops."""
-    return neg(mean(sum(mul(onehot, log_softmax(logits, axis)), axis=axis)))
+def softmax_cross_entropy(logits, targets, axis=-1):
+    """Mean over rows of −Σ targets · log_softmax(logits) along ``axis`` (one fused node).
+
+    ``targets`` (one-hot or any distribution per row) may be a Var or an array.
+    """
+    tape = _tape(logits, targets)
+    logits, targets = _var(logits, tape), _var(targets, tape)
+    nd = builtins.max(logits.ndim, 1)
+    if not isinstance(axis, (int, np.integer)) or not -nd <= axis < nd:
+        return tape._fail(ShapeError(f"{at('softmax_xent', len(tape))}: axis {axis!r} is out of range for "
+                                     f"logits of shape {logits.shape}"))
+    return tape.apply(O.softmax_xent, logits, targets, int(axis) % nd)
 
 
 def _install():

@@ -11,6 +11,8 @@ An entry holds
           ``a b s out g``; every one mirrors its NumPy form operation by operation, so compiled with
           ``-ffp-contract=off`` it rounds the same way,
   tier    how exactly a compiled replay reproduces the tape (see ``TIERS``),
+  aliases True when ``da``/``db`` may return ``g`` itself or a view of it (otherwise a contribution
+          is a fresh scratch buffer that the tape may adopt as the input's gradient, saving a copy),
   domain  one sampler per input for tests (e.g. positive inputs for ``log``),
   cases   ``(a_shape, b_shape, s)`` examples the tests sweep, broadcasting included.
 
@@ -51,6 +53,7 @@ class Op:
     c_db: Optional[str] = None
     tier: str = "exact"
     kind: str = "elementwise"
+    aliases: bool = False
     domain: tuple = ()
     cases: tuple = ()
     doc: str = ""
@@ -340,6 +343,44 @@ def logsoftmax_da(g, out, a, b, s, ws):
     return np.subtract(g, t, out=t)
 
 
+def xent_shape(a, b, s):
+    if a != b:
+        raise Bad(f"logits {a} and targets {b} must have the same shape")
+    axis_shape(a, None, s)
+    return ()
+
+
+def xent_rows(a_shape, s):
+    return int(np.prod(a_shape)) // a_shape[s]
+
+
+def xent_fwd(a, b, s, out, ws):
+    # −Σ b · log_softmax(a) / rows, one reduction over every element
+    t = ws.take(a.shape)
+    logsoftmax_fwd(a, None, s, t, ws)
+    np.multiply(b, t, out=t)
+    np.add.reduce(t, axis=None, out=out)
+    np.divide(out, -xent_rows(a.shape, s), out=out)
+
+
+def xent_da(g, out, a, b, s, ws):
+    # (softmax(a) · Σ b − b) · g / rows
+    t = ws.take(a.shape)
+    r = ws.take(a.shape[:s] + (1,) + a.shape[s + 1:])
+    softmax_fwd(a, None, s, t, ws)
+    np.add.reduce(b, axis=s, keepdims=True, out=r)
+    np.multiply(t, r, out=t)
+    np.subtract(t, b, out=t)
+    return np.multiply(t, g / xent_rows(a.shape, s), out=t)
+
+
+def xent_db(g, out, a, b, s, ws):
+    # −log_softmax(a) · g / rows
+    t = ws.take(a.shape)
+    logsoftmax_fwd(a, None, s, t, ws)
+    return np.multiply(t, -g / xent_rows(a.shape, s), out=t)
+
+
 def slice_da(g, out, a, b, s, ws):
     t = ws.take(a.shape)
     t.fill(0.0)
@@ -379,13 +420,13 @@ RED = (((3, 4), None, (None, False)), ((3, 4), None, ((1,), True)), ((2, 3, 4), 
 param = op("param", 0, same, kind="leaf", doc="a trainable leaf (copied in)")
 const = op("const", 0, same, kind="leaf", doc="a constant leaf (no gradient flows into it)")
 
-add = op("add", 2, broadcast,
+add = op("add", 2, broadcast, aliases=True,
          fwd=lambda a, b, s, out, ws: np.add(a, b, out=out),
          da=lambda g, out, a, b, s, ws: g,
          db=lambda g, out, a, b, s, ws: g,
          ref=lambda jnp, a, b, s: a + b,
          c_fwd="a + b", c_da="g", c_db="g", domain=(real, real), cases=BIN)
-sub = op("sub", 2, broadcast,
+sub = op("sub", 2, broadcast, aliases=True,
          fwd=lambda a, b, s, out, ws: np.subtract(a, b, out=out),
          da=lambda g, out, a, b, s, ws: g,
          db=into(lambda g, out, a, b, s, t: np.negative(g, out=t)),
@@ -429,7 +470,7 @@ neg = op("neg", 1, same,
          da=into(lambda g, out, a, b, s, t: np.negative(g, out=t)),
          ref=lambda jnp, a, b, s: -a,
          c_fwd="-a", c_da="-g", domain=(real,), cases=UN)
-adds = op("adds", 1, same,
+adds = op("adds", 1, same, aliases=True,
           fwd=lambda a, b, s, out, ws: np.add(a, s, out=out),
           da=lambda g, out, a, b, s, ws: g,
           ref=lambda jnp, a, b, s: a + s,
@@ -558,13 +599,13 @@ transpose = op("transpose", 1, transpose_shape,
                kind="layout", domain=(real,),
                cases=(((3, 4), None, (1, 0)), ((2, 3, 4), None, (2, 0, 1)), ((5,), None, (0,))),
                doc="permute axes (s = the permutation)")
-reshape = op("reshape", 1, reshape_shape,
+reshape = op("reshape", 1, reshape_shape, aliases=True,
              fwd=lambda a, b, s, out, ws: np.copyto(out, a.reshape(s)),
              da=lambda g, out, a, b, s, ws: g.reshape(a.shape),
              ref=lambda jnp, a, b, s: jnp.reshape(a, s),
              kind="layout", domain=(real,),
              cases=(((3, 4), None, (12,)), ((2, 6), None, (3, 2, 2)), ((4,), None, (1, 4))))
-broadcast_to = op("broadcast_to", 1, broadcast_to_shape,
+broadcast_to = op("broadcast_to", 1, broadcast_to_shape, aliases=True,
                   fwd=lambda a, b, s, out, ws: np.copyto(out, a),
                   da=lambda g, out, a, b, s, ws: g,
                   ref=lambda jnp, a, b, s: jnp.broadcast_to(a, s),
@@ -580,6 +621,12 @@ logsoftmax = op("logsoftmax", 1, axis_shape, fwd=logsoftmax_fwd, da=logsoftmax_d
                 tier="libm", kind="softmax", domain=(real,),
                 cases=(((3, 4), None, 1), ((4, 3), None, 0), ((6,), None, 0)),
                 doc="a − max − log Σ exp(a − max) along one axis (for cross-entropy)")
+softmax_xent = op("softmax_xent", 2, xent_shape, fwd=xent_fwd, da=xent_da, db=xent_db,
+                  ref=lambda jnp, a, b, s: -jnp.sum(b * (a - jnp.log(jnp.sum(jnp.exp(a), axis=s, keepdims=True))))
+                  / (a.size // a.shape[s]),
+                  tier="libm", kind="softmax", domain=(real, positive),
+                  cases=(((4, 3), (4, 3), 1), ((3, 5), (3, 5), 0), ((2, 3, 4), (2, 3, 4), 2)),
+                  doc="softmax cross-entropy −Σ targets·log_softmax(logits) / rows (s = the class axis)")
 slice = op("slice", 1, slice_shape,
            fwd=lambda a, b, s, out, ws: np.copyto(out, a[slices(s)]),
            da=slice_da,
@@ -587,7 +634,7 @@ slice = op("slice", 1, slice_shape,
            kind="layout", domain=(real,),
            cases=(((5, 4), None, ((1, 4), (0, 2))), ((6,), None, ((2, 5),)), ((2, 3, 4), None, ((0, 2), (1, 2), (1, 4)))),
            doc="a[lo:hi, …] (s = one (lo, hi) per axis)")
-concat = op("concat", 2, concat_shape, fwd=concat_fwd, da=concat_da, db=concat_db,
+concat = op("concat", 2, concat_shape, fwd=concat_fwd, da=concat_da, db=concat_db, aliases=True,
             ref=lambda jnp, a, b, s: jnp.concatenate([a, b], axis=s),
             kind="layout", domain=(real, real),
             cases=(((2, 3), (4, 3), 0), ((2, 3), (2, 1), 1), ((3,), (2,), 0)),

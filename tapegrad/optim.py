@@ -102,9 +102,32 @@ def adam_update(w, g, mu, nu, b1, b2, eps, sc, mode, t, u):
         np.subtract(w, t, out=w)
 
 
+class Run:
+    """Registered parameters that sit side by side in the tape's parameter store.
+
+    The whole run updates with one call per ufunc on flat views (padding between parameters stays
+    zero through every update); per-parameter views of the same memory serve partial updates.
+    """
+
+    def __init__(self, store, si, lo, hi, members, offsets, sizes, l2s, moments):
+        self.members, self.offsets, self.sizes = members, offsets, sizes
+        self.w, self.g = store.span(si, lo, hi)
+        self.state = [np.zeros(hi - lo, store.dtype) for _ in range(moments)]
+        self.l2 = None
+        if any(l2s):
+            self.l2 = np.zeros(hi - lo, store.dtype)
+            for off, n, l2 in zip(offsets, sizes, l2s):
+                self.l2[off:off + n] = l2
+
+    def piece(self, a, k):
+        off, n = self.offsets[k], self.sizes[k]
+        return a[off:off + n]
+
+
 class Optimizer:
-    """Shared registration, clipping and state handling; subclasses define ``_update``."""
+    """Shared registration, clipping and state handling; subclasses define the update."""
     kind = None
+    moments = 0
 
     def __init__(self, lr, *, clip=None, clip_mode="optax"):
         if clip_mode not in CLIP_MODES:
@@ -118,6 +141,8 @@ class Optimizer:
         self.tape = None
         self.params = []
         self.l2 = []
+        self._runs = []
+        self._where = []   # per parameter: (run, index in run)
 
     def add(self, tape, var, l2=0.0):
         """Register one tape parameter with its own L2 coefficient (typically 0 for biases)."""
@@ -128,32 +153,53 @@ class Optimizer:
             raise TapeError(f"{self.kind}.add (node {i}): expected a param, got a {tape._nodes[i].op.name} node")
         if any(p.id == i for p in self.params):
             raise TapeError(f"{self.kind}.add (node {i}): parameter already registered")
+        old = self.state_dict()
         self.tape = tape
         self.params.append(var)
         self.l2.append(float(l2))
-        self._added(tape._val[i])
+        self._layout()
+        for key in ("mu", "nu")[:self.moments]:
+            for k, a in enumerate(old[key]):
+                np.copyto(self._state(key)[k], a)
         return var
 
-    def _added(self, w):
-        pass
-
-    def grads(self):
-        """(index, w, g) for every touched parameter, with L2 applied and clipping done (new arrays)."""
+    def _layout(self):
         tape = self.tape
+        homes = sorted((tape._nodes[v.id].pos, k) for k, v in enumerate(self.params))
+        groups = []
+        for (si, lo), k in homes:
+            n = int(np.prod(tape._nodes[self.params[k].id].shape))
+            if groups and groups[-1][0] == si and groups[-1][2] == lo:
+                groups[-1][2] = lo + n + (-n % tape._params.step)
+                groups[-1][3].append((k, lo, n))
+            else:
+                groups.append([si, lo, lo + n + (-n % tape._params.step), [(k, lo, n)]])
+        self._runs, self._where = [], [None] * len(self.params)
+        for si, lo, hi, members in groups:
+            run = Run(tape._params, si, lo, hi, [k for k, _, _ in members], [o - lo for _, o, _ in members],
+                      [n for _, _, n in members], [self.l2[k] for k, _, _ in members], self.moments)
+            self._runs.append(run)
+            for j, (k, _, _) in enumerate(members):
+                self._where[k] = (run, j)
+
+    def _state(self, key):
+        slot = ("mu", "nu").index(key)
         out = []
         for k, v in enumerate(self.params):
-            i = v.id
-            if not tape._touched(i):
-                continue
-            w, g = tape._val[i], tape._grad[i]
-            g = l2_grad(g, w, self.l2[k], np.empty_like(g)) if self.l2[k] else g.copy()
-            out.append((k, w, g))
-        if self.clip is not None and out:
-            norm = math.sqrt(sum_in_order(sq_norm(g) for _, _, g in out))
-            if clips(norm, self.clip, self.clip_mode):
-                for _, _, g in out:
-                    clip_scale(g, norm, self.clip, self.clip_mode, g)
+            run, j = self._where[k]
+            out.append(run.piece(run.state[slot], j).reshape(self.tape._nodes[v.id].shape))
         return out
+
+    def _units(self):
+        """What to update this step: whole runs where every member was touched, else single params."""
+        touched = [self.tape._touched(v.id) for v in self.params]
+        units = []
+        for run in self._runs:
+            if all(touched[k] for k in run.members):
+                units.append((run, None))
+            else:
+                units += [(run, j) for j, k in enumerate(run.members) if touched[k]]
+        return units
 
     def step(self):
         """One update from the gradients on the tape; parameters change in place on the tape."""
@@ -161,8 +207,29 @@ class Optimizer:
             return
         self.count += 1
         sc = self.step_scalars(self.count)
-        for k, w, g in self.grads():
-            self._update(k, w, g, sc)
+        units = self._units()
+        work = []
+        for run, j in units:
+            cut = (lambda a: a) if j is None else (lambda a, j=j: run.piece(a, j))
+            w, g = cut(run.w), cut(run.g)
+            l2 = None if run.l2 is None else cut(run.l2) if j is None else self.l2[run.members[j]] or None
+            if l2 is not None:
+                g = l2_grad(g, w, l2, np.empty_like(g))
+            elif self.clip is not None:
+                g = g.copy()
+            work.append((run, j, w, g, [cut(m) for m in run.state]))
+        if self.clip is not None and work:
+            pieces = {}
+            for run, j, w, g, _ in work:
+                for jj, k in enumerate(run.members):
+                    if j is None or jj == j:
+                        pieces[k] = g if j is not None else run.piece(g, jj)
+            norm = math.sqrt(sum_in_order(sq_norm(pieces[k]) for k in sorted(pieces)))
+            if clips(norm, self.clip, self.clip_mode):
+                for _, _, _, g, _ in work:
+                    clip_scale(g, norm, self.clip, self.clip_mode, g)
+        for run, j, w, g, state in work:
+            self._update(w, g, state, sc)
 
     def config(self):
         return {"kind": self.kind, "lr": self.lr, "clip": self.clip, "clip_mode": self.clip_mode,
@@ -170,14 +237,29 @@ class Optimizer:
 
     def state_dict(self):
         """The explicit state: ``count`` and the per-parameter moment arrays (copies)."""
-        return {"count": self.count}
+        state = {"count": self.count}
+        for key in ("mu", "nu")[:self.moments]:
+            state[key] = [a.copy() for a in self._state(key)] if self.params else []
+        return state
 
     def load_state_dict(self, state):
         """Restore ``state_dict()`` output; validates everything before changing anything."""
         count = state.get("count")
         if not isinstance(count, (int, np.integer)) or count < 0:
             raise TapeError(f"{self.kind}.load_state_dict: count must be a non-negative int, got {count!r}")
+        for key in ("mu", "nu")[:self.moments]:
+            arrays = state.get(key)
+            if arrays is None or len(arrays) != len(self.params):
+                raise TapeError(f"{self.kind}.load_state_dict: expected {len(self.params)} '{key}' arrays, got "
+                                f"{None if arrays is None else len(arrays)}")
+            for k, (have, new) in enumerate(zip(self._state(key), arrays)):
+                if np.shape(new) != have.shape:
+                    raise TapeError(f"{self.kind}.load_state_dict: {key}[{k}] must have shape {have.shape}, "
+                                    f"got {np.shape(new)}")
         self.count = int(count)
+        for key in ("mu", "nu")[:self.moments]:
+            for have, new in zip(self._state(key), state[key]):
+                np.copyto(have, new)
 
     def step_scalars(self, count):
         return ()
@@ -201,7 +283,7 @@ class SGD(Optimizer):
     """
     kind = "SGD"
 
-    def _update(self, k, w, g, sc):
+    def _update(self, w, g, state, sc):
         sgd_update(w, g, self.lr, np.empty_like(w))
 
 
@@ -219,17 +301,21 @@ class Adam(Optimizer):
     0.9000000005
     """
     kind = "Adam"
+    moments = 2
 
     def __init__(self, lr, b1=0.9, b2=0.999, eps=1e-8, *, eps_mode="optax", clip=None, clip_mode="optax"):
         if eps_mode not in ("optax", "hat"):
             raise ValueError(f"Adam: eps_mode must be 'optax' or 'hat', got {eps_mode!r}")
         super().__init__(lr, clip=clip, clip_mode=clip_mode)
         self.b1, self.b2, self.eps, self.eps_mode = float(b1), float(b2), float(eps), eps_mode
-        self.mu, self.nu = [], []
 
-    def _added(self, w):
-        self.mu.append(np.zeros_like(w))
-        self.nu.append(np.zeros_like(w))
+    @property
+    def mu(self):
+        return self._state("mu")
+
+    @property
+    def nu(self):
+        return self._state("nu")
 
     def step_scalars(self, count):
         """The host scalars of step ``count`` (1-based), recomputed every step, never captured."""
@@ -239,27 +325,9 @@ class Adam(Optimizer):
             return (-self.lr, bc1, bc2)
         return (self.lr * math.sqrt(bc2) / bc1,)
 
-    def _update(self, k, w, g, sc):
-        adam_update(w, g, self.mu[k], self.nu[k], self.b1, self.b2, self.eps, sc, self.eps_mode,
+    def _update(self, w, g, state, sc):
+        adam_update(w, g, state[0], state[1], self.b1, self.b2, self.eps, sc, self.eps_mode,
                     np.empty_like(w), np.empty_like(w))
 
     def config(self):
         return {**super().config(), "b1": self.b1, "b2": self.b2, "eps": self.eps, "eps_mode": self.eps_mode}
-
-    def state_dict(self):
-        return {"count": self.count, "mu": [m.copy() for m in self.mu], "nu": [n.copy() for n in self.nu]}
-
-    def load_state_dict(self, state):
-        for key in ("mu", "nu"):
-            arrays = state.get(key)
-            if arrays is None or len(arrays) != len(self.params):
-                raise TapeError(f"Adam.load_state_dict: expected {len(self.params)} '{key}' arrays, got "
-                                f"{None if arrays is None else len(arrays)}")
-            for k, (have, new) in enumerate(zip(getattr(self, key), arrays)):
-                if np.shape(new) != have.shape:
-                    raise TapeError(f"Adam.load_state_dict: {key}[{k}] must have shape {have.shape}, got "
-                                    f"{np.shape(new)}")
-        super().load_state_dict(state)
-        for key in ("mu", "nu"):
-            for have, new in zip(getattr(self, key), state[key]):
-                np.copyto(have, new)

@@ -8,11 +8,12 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import ops as O
-from ._arena import Arena, aligned_copy, aligned_empty
-from .errors import (DTypeError, ForeignVarError, LazyValueError, NonFiniteError, ShapeError, TapeError,
+from ._arena import Arena, ParamStore, aligned_copy, aligned_empty
+from .errors import (ArgumentError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError, ShapeError, TapeError,
                      at)
 
 _PKG = os.path.dirname(os.path.abspath(__file__))
+_SHAPES = {}  # (op, a_shape, b_shape, s) -> out shape: shape rules run once per distinct call
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 
 
@@ -26,6 +27,8 @@ class Node(NamedTuple):
     epoch: int     # the reset generation that created it (stale Vars are caught with it)
     src: object    # (code, line) of the user frame that created it
     lazy: bool     # it depends on a lazy or dropped constant: the tape holds no value
+    shape: tuple   # known even when the tape holds no value
+    pos: object    # allocator position before its value: value arena (ops), param store (params)
 
 
 _node = functools.partial(tuple.__new__, Node)  # C-speed Node construction on the hot path
@@ -71,7 +74,7 @@ class Var:
 
     @property
     def shape(self):
-        return self.tape._shape[self.tape._index(self, "shape", "self")]
+        return self.tape._nodes[self.tape._index(self, "shape", "self")].shape
 
     @property
     def ndim(self):
@@ -135,17 +138,17 @@ class Tape:
         self.error: Optional[TapeError] = None
         self._nodes = []      # Node per id
         self._val = []        # value array per id (None: lazy or dropped)
-        self._shape = []      # shape per id (known even without a value)
         self._grad = []       # gradient buffer per id, None until first touched
         self._gpass = []      # the backward pass that last wrote the gradient
-        self._vpos = []       # value-arena position before the node's value (None for leaves)
         self._epoch = 0
         self._pass = 0        # backward passes so far
         self._since = 1       # first pass since the last reset: leaf grads older than it read as zero
-        self._vals = Arena(dtype)
-        self._grads = Arena(dtype)
-        self._tmp = Arena(dtype)
+        self._vals = Arena(dtype)     # op values, rewound by reset_to
+        self._grads = Arena(dtype)    # gradients and backward scratch of one episode
+        self._tmp = Arena(dtype)      # forward scratch, rewound after every op
+        self._params = ParamStore(dtype)
         self._arena_grads = []
+        self._floor = None    # the last mark: constants after it live in the value arena
 
     # ── leaves ───────────────────────────────────────────────────────────────
 
@@ -169,7 +172,7 @@ class Tape:
         shape = tuple(int(n) for n in shape)
         if any(n < 0 for n in shape):
             raise ShapeError(f"{at('const_lazy', len(self))}: shape must have non-negative dims, got {shape}")
-        return self._append(O.const, -1, -1, "lazy", None, shape, False, True, None)
+        return self._append(O.const, -1, -1, "lazy", None, shape, False, True, None, None)
 
     def _leaf(self, op, array, name):
         if isinstance(array, Var):
@@ -180,69 +183,96 @@ class Tape:
             err = DTypeError(f"{at(name, len(self))}: expected float32 or float64 data, got {array.dtype}; "
                              f"convert with .astype(np.float64)")
             return self._fail(err)
-        value = aligned_copy(array, self.dtype)
-        return self._append(op, -1, -1, None, value, value.shape, op is O.param, False, None)
+        if op is O.param:
+            pos, (value, grad) = self._params.add(array.shape)
+            np.copyto(value, array, casting="unsafe")
+            var = self._append(op, -1, -1, None, value, value.shape, True, False, pos, grad)
+            return var
+        if self._floor is None:
+            value, pos = aligned_copy(array, self.dtype), None
+        else:  # a per-episode constant (a minibatch): its memory comes back at reset_to
+            pos = self._vals.pos
+            value = self._vals.take(array.shape)
+            np.copyto(value, array, casting="unsafe")
+        return self._append(op, -1, -1, None, value, value.shape, False, False, pos, None)
 
     # ── the op path ──────────────────────────────────────────────────────────
 
     def apply(self, op, a, b=None, s=None):
         """Append one registry op applied to Vars ``a`` (and ``b``) with static operand ``s``."""
-        i = len(self._nodes)
+        nodes = self._nodes
         try:
-            ia = self._index(a, op.name, "a")
-            ib = -1 if b is None else self._index(b, op.name, "b")
-            nodes = self._nodes
-            na = nodes[ia]
-            shape = op.shape(self._shape[ia], None if ib < 0 else self._shape[ib], s)
-        except O.Bad as e:
-            return self._fail(ShapeError(f"{at(op.name, i)}: {e}"))
-        except TapeError as e:
-            return self._fail(e)
-        if ib >= 0:
-            nb = nodes[ib]
-            req = na.req or nb.req
-            lazy = na.lazy or nb.lazy
+            na = nodes[a.id]
+            if a.tape is not self or na.epoch != a.epoch:
+                raise LookupError
+            if b is None:
+                nb = None
+                key = (op, na.shape, None, s)
+            else:
+                nb = nodes[b.id]
+                if b.tape is not self or nb.epoch != b.epoch:
+                    raise LookupError
+                key = (op, na.shape, nb.shape, s)
+        except (AttributeError, IndexError, LookupError):
+            try:
+                self._index(a, op.name, "a")
+                self._index(b, op.name, "b")
+            except TapeError as e:
+                return self._fail(e)
+        memo = _SHAPES.get(key)
+        if memo is None:
+            try:
+                shape = op.shape(key[1], key[2], s)
+            except O.Bad as e:
+                return self._fail(ShapeError(f"{at(op.name, len(nodes))}: {e}"))
+            memo = _SHAPES[key] = (shape, math.prod(shape))
+        shape = memo[0]
+        ia = a.id
+        if nb is None:
+            ib, req, lazy = -1, na.req, na.lazy
         else:
-            req, lazy = na.req, na.lazy
+            ib, req, lazy = b.id, na.req or nb.req, na.lazy or nb.lazy
         if lazy:
-            return self._append(op, ia, ib, s, None, shape, req, True, None)
-        pos = self._vals.pos
-        out = self._vals.take(shape)
+            return self._append(op, ia, ib, s, None, shape, req, True, None, None)
+        arena = self._vals
+        pos = (arena.si, arena.off)
+        out = arena.take(shape, memo[1])
         vals = self._val
-        op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, self._tmp)
-        self._tmp.rewind()
+        tmp = self._tmp
+        op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, tmp)
+        if tmp.si or tmp.off:
+            tmp.rewind()
         if self.check_finite and not np.isfinite(out).all():
-            self._vals.rewind(pos)
-            src = _user_frame()
-            ins = tuple(self._shape[k] for k in (ia, ib) if k >= 0)
-            return self._fail(NonFiniteError(str(NonFinite(i, op.name, "value", ins, _where(src)))))
-        return self._append(op, ia, ib, s, out, shape, req, False, pos)
+            arena.rewind(pos)
+            ins = tuple(n.shape for n in (na, nb) if n is not None)
+            return self._fail(NonFiniteError(str(NonFinite(len(nodes), op.name, "value", ins, _where(_user_frame())))))
+        return self._append(op, ia, ib, s, out, shape, req, False, pos, None)
 
-    def _append(self, op, ia, ib, s, value, shape, req, lazy, pos):
+    def _append(self, op, ia, ib, s, value, shape, req, lazy, pos, grad):
         i = len(self._nodes)
-        self._nodes.append(_node((op, ia, ib, s, req, self._epoch, _user_frame(), lazy)))
+        self._nodes.append(_node((op, ia, ib, s, req, self._epoch, _user_frame(), lazy, shape, pos)))
         self._val.append(value)
-        self._shape.append(shape)
-        self._grad.append(None)
+        self._grad.append(grad)
         self._gpass.append(0)
-        self._vpos.append(pos)
         return Var(self, i, self._epoch)
 
     def _index(self, v, opname, arg):
-        """The node id of Var ``v``, or a ForeignVarError naming the op and the argument."""
+        """The node id of Var ``v``, or an error naming the op and the argument."""
+        try:
+            if v.tape is self and self._nodes[v.id].epoch == v.epoch:
+                return v.id
+        except (AttributeError, IndexError):
+            pass
+        here = at(opname, len(self._nodes))
         if type(v) is not Var:
-            raise TypeError(f"{at(opname, len(self._nodes))}: argument {arg} must be a Var, got {type(v).__name__}")
-        i = v.id
+            raise ArgumentError(f"{here}: argument {arg} must be a Var, got {type(v).__name__}")
+        if v.id < 0:
+            raise ForeignVarError(f"{here}: argument {arg} is a poisoned Var (see tape.error)")
         if v.tape is not self:
-            if i < 0:
-                raise ForeignVarError(f"{at(opname, len(self._nodes))}: argument {arg} is a poisoned Var")
-            raise ForeignVarError(f"{at(opname, len(self._nodes))}: argument {arg} (node {i}) belongs to another "
-                                  f"tape; record the whole computation on one tape")
-        if i >= len(self._nodes) or self._nodes[i].epoch != v.epoch:
-            raise ForeignVarError(f"{at(opname, len(self._nodes))}: argument {arg} (node {i}) was dropped by "
-                                  f"reset_to; Vars created after a mark are invalid once the tape is reset "
-                                  f"to it")
-        return i
+            raise ForeignVarError(f"{here}: argument {arg} (node {v.id}) belongs to another tape; record the "
+                                  f"whole computation on one tape")
+        raise ForeignVarError(f"{here}: argument {arg} (node {v.id}) was dropped by reset_to; Vars created "
+                              f"after a mark are invalid once the tape is reset to it")
 
     def _fail(self, err):
         if not self.poison:
@@ -269,7 +299,7 @@ class Tape:
         i = self._index(v, "grad", "v")
         g = self._grad[i]
         if g is None:
-            g = self._grad[i] = aligned_empty(self._shape[i], self.dtype)
+            g = self._grad[i] = aligned_empty(self._nodes[i].shape, self.dtype)
             g.fill(0.0)
         elif not self._touched(i):
             g.fill(0.0)
@@ -303,7 +333,8 @@ class Tape:
 
     def mark(self):
         """A watermark for ``reset_to``: the current length of the tape."""
-        return len(self._nodes)
+        self._floor = len(self._nodes)
+        return self._floor
 
     def reset_to(self, mark):
         """Drop every node with id >= mark and zero the surviving gradients, keeping all capacity.
@@ -314,15 +345,19 @@ class Tape:
         """
         if not isinstance(mark, (int, np.integer)) or not 0 <= mark <= len(self._nodes):
             raise TapeError(f"reset_to: mark must be an int in [0, {len(self._nodes)}], got {mark!r}")
-        pos = next((p for p in self._vpos[mark:] if p is not None), None)
+        dropped = self._nodes[mark:]
+        pos = next((n.pos for n in dropped if n.op is not O.param and n.pos is not None), None)
         if pos is not None:
             self._vals.rewind(pos)
-        for lst in (self._nodes, self._val, self._shape, self._grad, self._gpass, self._vpos):
+        pos = next((n.pos for n in dropped if n.op is O.param), None)
+        if pos is not None:
+            self._params.rewind(pos)
+        for lst in (self._nodes, self._val, self._grad, self._gpass):
             del lst[mark:]
         # Surviving gradients carved from the episode arena move to their own buffers, once.
         for i in self._arena_grads:
             if i < mark:
-                self._grad[i] = aligned_empty(self._shape[i], self.dtype)
+                self._grad[i] = aligned_empty(self._nodes[i].shape, self.dtype)
         self._arena_grads = []
         self._grads.rewind()
         self._epoch += 1
@@ -331,13 +366,16 @@ class Tape:
     def drop_consts(self):
         """Free the host values of every constant (after a capture holds them); returns bytes freed.
 
+        Constants registered before the first ``mark`` own their memory and free it; per-episode
+        constants live in the episode arena, whose memory is reused rather than freed.
+
         The tape can no longer evaluate ops that read a dropped constant; captured programs keep
         their own copies, and parameters stay.
         """
         freed = 0
         for i, n in enumerate(self._nodes):
             if n.op is O.const and self._val[i] is not None:
-                freed += self._val[i].nbytes
+                freed += self._val[i].nbytes if n.pos is None else 0
                 self._val[i] = None
                 self._nodes[i] = n._replace(lazy=True)
         return freed
@@ -362,7 +400,7 @@ class Tape:
         except TapeError as e:
             self._fail(e)
             return False
-        shape = self._shape[i]
+        shape = self._nodes[i].shape
         if seed is None:
             if math.prod(shape) != 1:
                 self._fail(ShapeError(f"{at('backward', i)}: expected a scalar loss (one element), got shape "
@@ -389,7 +427,7 @@ class Tape:
         return True
 
     def _sweep(self, top):
-        nodes, vals, grads, gpass, tmp = self._nodes, self._val, self._grad, self._gpass, self._tmp
+        nodes, vals, grads, gpass, ws = self._nodes, self._val, self._grad, self._gpass, self._grads
         p = self._pass
         for k in range(top, -1, -1):
             if gpass[k] != p:
@@ -400,25 +438,37 @@ class Tape:
             g, out, va = grads[k], vals[k], vals[a]
             vb = None if b < 0 else vals[b]
             if nodes[a].req:
-                self._accumulate(a, op.da(g, out, va, vb, s, tmp))
+                self._accumulate(a, op.da(g, out, va, vb, s, ws), not op.aliases)
             if b >= 0 and nodes[b].req:
-                self._accumulate(b, op.db(g, out, va, vb, s, tmp))
-            tmp.rewind()
+                self._accumulate(b, op.db(g, out, va, vb, s, ws), not op.aliases)
 
-    def _accumulate(self, j, c):
-        shape = self._shape[j]
-        if c.shape != shape:
-            c = unbroadcast(c, shape, self._tmp)
+    def _accumulate(self, j, c, fresh=False):
+        """Add contribution ``c`` into node j's gradient (summing over broadcast axes first).
+
+        The first contribution of a pass is copied, or adopted outright when it is a fresh scratch
+        buffer of an op node (no copy); later ones are added in place, in reverse node order.
+        """
+        node = self._nodes[j]
+        shape = node.shape
         buf = self._grad[j]
-        if buf is None:
-            buf = self._grad[j] = self._grads.take(shape)
-            self._arena_grads.append(j)
-            np.copyto(buf, c)
-        elif self._touched(j):
-            np.add(buf, c, out=buf)
-        else:
-            np.copyto(buf, c)
+        first = self._gpass[j] < (self._pass if node.op.arity else self._since)
         self._gpass[j] = self._pass
+        if c.shape != shape:
+            if first and buf is not None:
+                unbroadcast(c, shape, self._grads, out=buf)
+                return
+            c, fresh = unbroadcast(c, shape, self._grads), True
+        if buf is None:
+            if fresh:
+                self._grad[j] = c
+            else:
+                buf = self._grad[j] = self._grads.take(shape)
+                np.copyto(buf, c)
+            self._arena_grads.append(j)
+        elif first:
+            np.copyto(buf, c)
+        else:
+            np.add(buf, c, out=buf)
 
     # ── anomaly detection ────────────────────────────────────────────────────
 
@@ -430,16 +480,20 @@ class Tape:
                     continue
                 if not np.isfinite(buf).all():
                     n = self._nodes[i]
-                    ins = tuple(self._shape[k] for k in (n.a, n.b) if k >= 0)
+                    ins = tuple(self._nodes[k].shape for k in (n.a, n.b) if k >= 0)
                     return NonFinite(i, n.op.name, kind, ins, _where(n.src))
         return None
 
 
-def unbroadcast(c, shape, ws):
-    """Sum an out-shaped contribution down to ``shape`` over the axes broadcasting added or stretched."""
+def unbroadcast(c, shape, ws, out=None):
+    """Sum an out-shaped contribution down to ``shape`` over the axes broadcasting added or stretched.
+
+    One ``numpy.add.reduce`` call over all those axes: for the usual bias (leading axes of a
+    row-major contribution) that is plain row-by-row accumulation in increasing row order.
+    """
     lead = c.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(lead + k for k, n in enumerate(shape) if n == 1 and c.shape[lead + k] != 1)
-    r = ws.take(shape)
+    r = ws.take(shape) if out is None else out
     np.add.reduce(c, axis=axes, out=r.reshape([n for k, n in enumerate(c.shape) if k not in axes]))
     return r
 
@@ -460,7 +514,7 @@ def _user_frame():
     f = sys._getframe(2)
     while f is not None and f.f_code.co_filename.startswith(_PKG):
         f = f.f_back
-    return (f.f_code, f.f_lineno) if f is not None else None
+    return None if f is None else (f.f_code, f.f_lineno)
 
 
 def _where(src):

@@ -1,0 +1,165 @@
+"""Eager tape vs hand-written NumPy (no AD, the floor): µs per MLP training step and per-op overhead.
+
+One run measures every system side by side (interleaved repeats, median), because this machine is
+shared and absolute times drift; the ratios are the result. ``--quick`` for a smoke run.
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tapegrad as tg  # noqa: E402
+
+SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10))}
+
+
+def init(sizes, seed=0):
+    rng = np.random.default_rng(seed)
+    ps = []
+    for i, o in zip(sizes[:-1], sizes[1:]):
+        ps += [rng.uniform(-1, 1, (i, o)) * np.sqrt(6.0 / i), np.zeros(o)]
+    return ps
+
+
+def data(batch, sizes, seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((batch, sizes[0])), np.eye(sizes[-1])[rng.integers(0, sizes[-1], batch)]
+
+
+def tape_step(batch, sizes):
+    x_np, y_np = data(batch, sizes)
+    tape = tg.Tape()
+    params = [tape.param(p) for p in init(sizes)]
+    opt = tg.Adam(1e-3)
+    for p in params:
+        opt.add(tape, p)
+    start = tape.mark()
+
+    def step():
+        h = tape.const(x_np)
+        for k in range(0, len(params), 2):
+            h = h @ params[k] + params[k + 1]
+            if k + 2 < len(params):
+                h = h.relu()
+        loss = tg.softmax_cross_entropy(h, tape.const(y_np))
+        tape.backward(loss)
+        opt.step()
+        tape.reset_to(start)
+    return step
+
+
+def numpy_step(batch, sizes):
+    """The same step by hand: forward, backward, Adam (optax form), no tape, no AD."""
+    x, y = data(batch, sizes)
+    ps = init(sizes)
+    mu = [np.zeros_like(p) for p in ps]
+    nu = [np.zeros_like(p) for p in ps]
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, 1e-3
+    count = [0]
+
+    def step():
+        hs = [x]
+        h = x
+        for k in range(0, len(ps), 2):
+            h = h @ ps[k] + ps[k + 1]
+            if k + 2 < len(ps):
+                h = np.maximum(h, 0.0)
+            hs.append(h)
+        z = h - h.max(axis=1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+        g = (np.exp(logp) - y) / len(x)
+        grads = [None] * len(ps)
+        for k in range(len(ps) - 2, -1, -2):
+            grads[k] = hs[k // 2].T @ g
+            grads[k + 1] = g.sum(axis=0)
+            if k:
+                g = (g @ ps[k].T) * (hs[k // 2] > 0)
+        count[0] += 1
+        bc1, bc2 = 1 - b1 ** count[0], 1 - b2 ** count[0]
+        for p, gr, m, v in zip(ps, grads, mu, nu):
+            m *= b1
+            m += (1 - b1) * gr
+            v *= b2
+            v += (1 - b2) * gr * gr
+            p -= lr * (m / bc1) / (np.sqrt(v / bc2) + eps)
+    return step
+
+
+def chain_tape(n=100):
+    tape = tg.Tape()
+    x = tape.param(np.linspace(0.1, 0.4, 4))
+    start = tape.mark()
+
+    def run():
+        y = x
+        for _ in range(n // 2):
+            y = (y * x).tanh()
+        tape.backward(y.sum())
+        tape.reset_to(start)
+    return run
+
+
+def chain_numpy(n=100):
+    """The same chain by hand, forward and backward (the per-op floor)."""
+    x = np.linspace(0.1, 0.4, 4)
+
+    def run():
+        ys, y = [], x
+        for _ in range(n // 2):
+            m = y * x
+            y = np.tanh(m)
+            ys.append((m, y))
+        g, gx = np.ones(4), np.zeros(4)
+        prev = [x] + [y for _, y in ys[:-1]]
+        for (m, y), yin in zip(reversed(ys), reversed(prev)):
+            g = g * (1 - y * y)
+            gx += g * yin
+            g = g * x
+        gx += g
+    return run
+
+
+def timeit(fn, reps, inner):
+    fn()
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        out.append((time.perf_counter() - t) / inner * 1e6)
+    return out
+
+
+def side_by_side(fns, reps, inner):
+    """Interleave the systems repeat by repeat; the median of each."""
+    times = {k: [] for k in fns}
+    for _ in range(reps):
+        for k, f in fns.items():
+            times[k] += timeit(f, 1, inner)
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    reps, inner = (3, 20) if args.quick else (15, 100)
+    print("| size | tape step µs | NumPy floor µs | tape / floor |")
+    print("|---|---:|---:|---:|")
+    for name, (batch, sizes) in SIZES.items():
+        t = side_by_side({"tape": tape_step(batch, sizes), "numpy": numpy_step(batch, sizes)}, reps, inner)
+        print(f"| {name} ({batch}; {'-'.join(map(str, sizes))}) | {t['tape']:.0f} | {t['numpy']:.0f} | "
+              f"{t['tape'] / t['numpy']:.2f}× |")
+    t = side_by_side({"tape": chain_tape(), "numpy": chain_numpy()}, reps, inner // 4 or 1)
+    print()
+    print("| 100-op elementwise chain + backward, shape (4,) | µs per op |")
+    print("|---|---:|")
+    print(f"| tapegrad eager tape | {t['tape'] / 100:.2f} |")
+    print(f"| hand-written NumPy (no AD) | {t['numpy'] / 100:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""Capture: one recorded episode frozen into a static ``Program`` that a backend replays.
+
+>>> import numpy as np, tapegrad as tg
+>>> tape = tg.Tape()
+>>> w = tape.param(np.array([[1.0], [2.0]]))
+>>> x = tape.const(np.array([[1.0, 1.0]]))
+>>> loss = ((x @ w) * (x @ w)).mean()
+>>> prog = tg.capture(tape, loss)
+>>> float(prog.forward())
+9.0
+>>> prog.backward(); prog.grad(w).ravel().tolist()
+[6.0, 6.0]
+>>> prog.set_input(x, np.array([[2.0, 0.0]])); float(prog.forward())
+4.0
+"""
+import copy
+import hashlib
+import math
+import weakref
+
+import numpy as np
+
+from . import ops as O
+from ._arena import aligned_copy, aligned_empty
+from .errors import DTypeError, ForeignVarError, LazyValueError, ShapeError, TapeError, at
+from .tape import Var
+
+BACKENDS = ("numpy", "native")
+
+
+def capture(tape, loss, backend="numpy", dtype="float64", fuse=True):
+    """Freeze the tape's episode ``[0, len(tape))`` with ``loss`` as the backward seed into a Program.
+
+    ``backend``: "numpy" (the reference replay, bit-identical to the tape) or "native" (generated C
+    compiled by the system compiler; raises ``tapegrad.BuildError`` when that is impossible).
+    ``dtype``: the program's element type; "float32" runs in float32 while the tape stays float64.
+    ``fuse``: (native) fuse runs of row-local elementwise nodes into one loop (bit-identical to unfused).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"capture: backend must be one of {BACKENDS}, got {backend!r}")
+    dt = np.dtype(dtype)
+    if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
+        raise DTypeError(f"capture: dtype must be float64 or float32, got {dt}")
+    return Program(tape, loss, backend, dt, bool(fuse))
+
+
+class _Opt:
+    """An attached optimizer's configuration and state inside a program (moments are program buffers)."""
+
+    def __init__(self, optimizer, prog):
+        self.kind = optimizer.kind
+        self.conf = copy.copy(optimizer)      # its step_scalars(count) computes the per-step host scalars
+        self.conf.params, self.conf.tape = [], None
+        self.lr, self.clip, self.clip_mode = optimizer.lr, optimizer.clip, optimizer.clip_mode
+        self.l2 = list(optimizer.l2)
+        self.ids = [v.id for v in optimizer.params]
+        self.count = optimizer.count
+        self.touched = [i in prog.reached_params for i in self.ids]
+        if self.kind == "Adam":
+            self.mu = [aligned_copy(m, prog.dtype) for m in optimizer.mu]
+            self.nu = [aligned_copy(n, prog.dtype) for n in optimizer.nu]
+        else:
+            self.mu, self.nu = [], []
+
+    def config_key(self):
+        c = self.conf
+        extra = (c.b1, c.b2, c.eps, c.eps_mode) if self.kind == "Adam" else ()
+        return (self.kind, self.lr, self.clip, self.clip_mode, tuple(self.l2), tuple(self.ids)) + extra
+
+
+class Program:
+    """A captured episode: the node table, shapes, buffers, and a backend that replays them.
+
+    Build one with ``tapegrad.capture``. Inputs (constants, lazy constants, parameters) take fresh
+    values with ``set_input``; ``forward``/``backward``/``step``/``episode`` run the backend;
+    ``value``/``grad``/``loss`` read results as read-only views (no copies).
+    """
+
+    def __init__(self, tape, loss, backend, dtype, fuse):
+        self.loss_id = tape._index(loss, "capture", "loss")
+        shapes = _shapes(tape)
+        if math.prod(shapes[self.loss_id]) != 1:
+            raise ShapeError(f"{at('capture', self.loss_id)}: expected a scalar loss (one element), got shape "
+                             f"{shapes[self.loss_id]}")
+        self.backend, self.dtype, self.fuse = backend, dtype, fuse
+        self._tape = weakref.ref(tape)
+        n = len(tape)
+        self.loss = self.loss_id
+        self.nodes = [(nd.op, nd.a, nd.b, nd.s) for nd in tape._nodes]
+        self.epochs = [nd.epoch for nd in tape._nodes]
+        self.shapes = shapes
+        self.req = [nd.req for nd in tape._nodes]
+        self.compute = [k for k in range(n) if self.nodes[k][0].arity]
+        self.params = [k for k in range(n) if self.nodes[k][0] is O.param]
+        self.consts = [k for k in range(n) if self.nodes[k][0] is O.const]
+        self.val = [None] * n
+        self.missing = set()
+        for k in range(n):
+            v = tape._val[k]
+            if self.nodes[k][0].arity == 0:
+                if v is None:
+                    self.val[k] = aligned_empty(self.shapes[k], dtype)
+                    self.val[k].fill(0.0)
+                    self.missing.add(k)
+                else:
+                    self.val[k] = aligned_copy(v, dtype)
+            else:
+                self.val[k] = aligned_empty(self.shapes[k], dtype)
+        self._schedule()
+        self.grad = [aligned_empty(self.shapes[k], dtype) if k in self.reached else None for k in range(n)]
+        self._zeros = {}
+        self.opt = None
+        if backend == "numpy":
+            from .replay import NumpyRunner
+            self.runner = NumpyRunner(self)
+        else:
+            from .native.runner import NativeRunner
+            self.runner = NativeRunner(self)
+
+    def _schedule(self):
+        """The static reverse sweep: which nodes backward reaches, and which contribution comes first.
+
+        Mirrors ``Tape._sweep``: node k is visited when a gradient reached it; its inputs with ``req``
+        receive ``da``/``db`` (da first); the first contribution a buffer receives is copied, later
+        ones are added.
+        """
+        nodes, req = self.nodes, self.req
+        reached = {self.loss}
+        seen = set()
+        sched = []
+        for k in range(self.loss, -1, -1):
+            if k not in reached:
+                continue
+            op, a, b, s = nodes[k]
+            if not op.arity:
+                continue
+            ta = req[a]
+            tb = b >= 0 and req[b]
+            fa = fb = False
+            if ta:
+                fa = a not in seen
+                seen.add(a)
+                reached.add(a)
+            if tb:
+                fb = b not in seen
+                seen.add(b)
+                reached.add(b)
+            sched.append((k, ta, fa, tb, fb))
+        self.reached = reached
+        self.sched = sched
+        self.reached_params = {k for k in self.params if k in reached}
+
+    # ── slots ────────────────────────────────────────────────────────────────
+
+    def _slot(self, var, what):
+        if type(var) is not Var:
+            raise TypeError(f"{what}: expected a Var of the captured tape, got {type(var).__name__}")
+        i = var.id
+        if var.tape is not self._tape() or not 0 <= i < len(self.nodes) or var.epoch != self.epochs[i]:
+            raise ForeignVarError(f"{at(what, i)}: this Var is not a node of the captured episode (another tape, "
+                                  f"or created after the capture); pass the Vars the captured episode used")
+        return i
+
+    def set_input(self, var, array):
+        """Fresh values for a constant (a minibatch, a lazy constant) or a parameter; copied in.
+
+        Float32 and float64 data are accepted (converted to the program's dtype); anything else, or a
+        wrong shape, raises and leaves the program unchanged.
+        """
+        i = self._slot(var, "set_input")
+        op = self.nodes[i][0]
+        if op.arity:
+            raise TapeError(f"{at('set_input', i)}: expected a const or param slot, got a {op.name} node (its "
+                            f"value is computed by the program)")
+        a = np.asarray(array)
+        if a.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
+            raise DTypeError(f"{at('set_input', i)}: expected float64 or float32 data for {op.name} node {i} "
+                             f"(program dtype {self.dtype}), got {a.dtype}; convert with .astype(np.float64)")
+        if a.shape != self.shapes[i]:
+            raise ShapeError(f"{at('set_input', i)}: expected shape {self.shapes[i]} for {op.name} node {i}, "
+                             f"got {a.shape}; a program is static: every episode has the captured shapes")
+        np.copyto(self.val[i], a, casting="unsafe")
+        self.missing.discard(i)
+
+    def _ready(self, what):
+        if self.missing:
+            ids = sorted(self.missing)
+            raise LazyValueError(f"{at(what, ids[0])}: lazy constant node(s) {ids} have no values yet; give "
+                                 f"each one with program.set_input(var, array) before running")
+
+    # ── running ──────────────────────────────────────────────────────────────
+
+    def forward(self):
+        """Recompute every node's value; returns the loss (a read-only 0-d/1-element view)."""
+        self._ready("forward")
+        self.runner.forward()
+        return self.loss_value()
+
+    def backward(self):
+        """Gradients of the loss w.r.t. every reached node (overwritten, as one tape backward per episode)."""
+        self._ready("backward")
+        self.runner.backward()
+
+    def attach(self, optimizer):
+        """Run ``optimizer``'s update inside the program: its configuration and state are copied in.
+
+        The tape optimizer is left untouched; read the program's state back with ``optimizer_state``
+        or ``sync_params(tape, optimizer)``.
+        """
+        if optimizer.kind not in ("SGD", "Adam"):
+            raise TapeError(f"attach: unsupported optimizer {type(optimizer).__name__}")
+        if optimizer.tape is not None and optimizer.tape is not self._tape():
+            raise ForeignVarError("attach: the optimizer serves another tape than the captured one")
+        for v in optimizer.params:
+            self._slot(v, "attach")
+        self.opt = _Opt(optimizer, self)
+        self.runner.attached()
+
+    def step(self):
+        """One optimizer update of the program's parameters from the program's gradients."""
+        if self.opt is None:
+            raise TapeError("step: no optimizer attached; call program.attach(optimizer) first")
+        self.runner.step()
+
+    def episode(self, inputs=None):
+        """Set ``inputs`` ({Var: array}), then forward + backward (+ step when attached) in one backend call.
+
+        Returns the loss as a Python float.
+        """
+        if inputs:
+            for var, array in inputs.items():
+                self.set_input(var, array)
+        self._ready("episode")
+        self.runner.episode()
+        return float(self.val[self.loss].reshape(-1)[0])
+
+    # ── reading ──────────────────────────────────────────────────────────────
+
+    def loss_value(self):
+        return _ro(self.val[self.loss])
+
+    def value(self, var):
+        """A read-only view of a node's value in the program."""
+        return _ro(self.val[self._slot(var, "value")])
+
+    def grad(self, var):
+        """A read-only view of d loss/d var (zeros for nodes backward does not reach)."""
+        i = self._slot(var, "grad")
+        g = self.grad_buf(i)
+        return _ro(g)
+
+    def grad_buf(self, i):
+        g = self.grad[i]
+        if g is None:
+            key = self.shapes[i]
+            g = self._zeros.get(key)
+            if g is None:
+                g = self._zeros[key] = aligned_empty(key, self.dtype)
+                g.fill(0.0)
+        return g
+
+    def sync_params(self, tape, optimizer=None):
+        """Write the program's parameters back into the tape (and its optimizer's state, if given)."""
+        if tape is not self._tape():
+            raise ForeignVarError("sync_params: not the tape this program was captured from")
+        for k in self.params:
+            if tape._val[k] is not None and k < len(tape) and tape._nodes[k].op is O.param:
+                np.copyto(tape._val[k], self.val[k], casting="unsafe")
+        if optimizer is not None:
+            optimizer.load_state_dict(self.optimizer_state())
+
+    def optimizer_state(self):
+        """The attached optimizer's state (``count``, and Adam's ``mu``/``nu`` copies) as the tape's form."""
+        if self.opt is None:
+            raise TapeError("optimizer_state: no optimizer attached")
+        self.runner.pull_count()
+        st = {"count": self.opt.count}
+        if self.opt.kind == "Adam":
+            st["mu"] = [m.copy() for m in self.opt.mu]
+            st["nu"] = [v.copy() for v in self.opt.nu]
+        return st
+
+    def load_optimizer_state(self, state):
+        """Restore ``optimizer_state()`` output (e.g. from a checkpoint); validated before anything changes."""
+        o = self.opt
+        if o is None:
+            raise TapeError("load_optimizer_state: no optimizer attached")
+        count = state.get("count")
+        if not isinstance(count, (int, np.integer)) or count < 0:
+            raise TapeError(f"load_optimizer_state: count must be a non-negative int, got {count!r}")
+        if o.kind == "Adam":
+            for key in ("mu", "nu"):
+                arrays = state.get(key)
+                if arrays is None or len(arrays) != len(o.ids):
+                    raise TapeError(f"load_optimizer_state: expected {len(o.ids)} '{key}' arrays")
+                for k, a in enumerate(arrays):
+                    if np.shape(a) != self.shapes[o.ids[k]]:
+                        raise ShapeError(f"load_optimizer_state: {key}[{k}] must have shape "
+                                         f"{self.shapes[o.ids[k]]}, got {np.shape(a)}")
+            for key in ("mu", "nu"):
+                for have, new in zip(getattr(o, key), state[key]):
+                    np.copyto(have, new, casting="unsafe")
+        o.count = int(count)
+        self.runner.push_count()
+
+    # ── identity and reports ─────────────────────────────────────────────────
+
+    @property
+    def hash64(self):
+        """A content hash of the program (graph, shapes, dtype, loss, optimizer config): stable across runs."""
+        h = hashlib.blake2b(digest_size=8)
+        h.update(repr((str(self.dtype), self.loss)).encode())
+        for (op, a, b, s), shape in zip(self.nodes, self.shapes):
+            h.update(repr((op.name, a, b, s, shape)).encode())
+        if self.opt is not None:
+            h.update(repr(self.opt.config_key()).encode())
+        return int.from_bytes(h.digest(), "little")
+
+    def plan(self):
+        """The execution plan: segments (fused runs and single nodes) and kernel counts (native)."""
+        return self.runner.plan()
+
+    def native_abi(self):
+        """Raw pointers for a C caller (native backend only); see ``tapegrad.native.runner``."""
+        if self.backend != "native":
+            raise TapeError("native_abi: only a native program has one (capture with backend='native')")
+        return self.runner.abi()
+
+    def __repr__(self):
+        return (f"<Program {self.backend} {self.dtype} nodes={len(self.nodes)} params={len(self.params)} "
+                f"consts={len(self.consts)} loss=node {self.loss}>")
+
+
+def _shapes(tape):
+    """Every node's shape (known even where the tape holds no value)."""
+    if hasattr(tape, "_shape"):
+        return list(tape._shape)
+    return [nd.shape for nd in tape._nodes]
+
+
+def _ro(a):
+    v = a.view()
+    v.flags.writeable = False
+    return v

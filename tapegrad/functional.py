@@ -118,6 +118,8 @@ def _axes(opname, a, axis, keepdims):
 
 def _reduce(op):
     def f(a, axis=None, keepdims=False):
+        if a.id < 0:
+            return a
         try:
             s = _axes(op.name, a, axis, keepdims)
         except ShapeError as e:
@@ -143,12 +145,16 @@ def bmm(a, b):
 
 def transpose(a, axes=None):
     """Permute axes (default: reverse them), as ``numpy.transpose``."""
+    if a.id < 0:
+        return a
     axes = tuple(reversed(range(a.ndim))) if axes is None else tuple(int(k) % builtins.max(a.ndim, 1) for k in axes)
     return a.tape.apply(O.transpose, a, None, axes)
 
 
 def reshape(a, *shape):
     """A copy with a new shape (one -1 is inferred, as in NumPy)."""
+    if a.id < 0:
+        return a
     shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
     shape = tuple(int(n) for n in shape)
     if shape.count(-1) == 1:
@@ -165,6 +171,8 @@ def broadcast_to(a, shape):
 
 def _axis_op(op):
     def f(a, axis=-1):
+        if a.id < 0:
+            return a
         if not isinstance(axis, (int, np.integer)) or not -a.ndim <= axis < a.ndim:
             return a.tape._fail(ShapeError(f"{at(op.name, len(a.tape))}: axis {axis!r} is out of range for an "
                                            f"input of shape {a.shape}"))
@@ -182,6 +190,8 @@ def concat(xs, axis=0):
     xs = list(xs)
     out = xs[0]
     for x in xs[1:]:
+        if out.id < 0:
+            return out
         nd = builtins.max(out.ndim, 1)
         out = out.tape.apply(O.concat, out, x, int(axis) % nd if -nd <= axis < nd else axis)
     return out
@@ -189,6 +199,8 @@ def concat(xs, axis=0):
 
 def getitem(a, key):
     """Basic slicing with step 1 (``v[1:3, :2]``); the result keeps every axis."""
+    if a.id < 0:
+        return a
     key = key if isinstance(key, tuple) else (key,)
     if len(key) > a.ndim or any(not isinstance(k, slice) or k.step not in (None, 1) for k in key):
         return a.tape._fail(ShapeError(f"{at('slice', len(a.tape))}: expected at most {a.ndim} slices with step 1, "
@@ -209,6 +221,8 @@ def softmax_cross_entropy(logits, targets, axis=-1):
     """
     tape = _tape(logits, targets)
     logits, targets = _var(logits, tape), _var(targets, tape)
+    if logits.id < 0 or targets.id < 0:
+        return logits if logits.id < 0 else targets
     nd = builtins.max(logits.ndim, 1)
     if not isinstance(axis, (int, np.integer)) or not -nd <= axis < nd:
         return tape._fail(ShapeError(f"{at('softmax_xent', len(tape))}: axis {axis!r} is out of range for "

@@ -280,7 +280,7 @@ class Tape:
         if self.ok:
             self.ok = False
             self.error = err
-        return Var(None, -1, -1)
+        return Var(self, -1, -1)
 
     # ── reading values and gradients ─────────────────────────────────────────
 

@@ -1,0 +1,98 @@
+/* tapegrad.emit.c_grad: returns t37; p[0] = node 0; p[1] = node 1; p[2] = node 2. */
+#include <math.h>
+
+double grad(const double *p, double *g, const double *v)
+{
+    double t0 = p[0];
+    double t1 = p[1];
+    double t2 = p[2];
+    double t3 = v[0];
+    double t4 = v[1];
+    double t5 = t0 * t1;
+    double t6 = t5 + t0;
+    double t7 = t5 * t5;
+    double t8 = t3 * t4;
+    double t9 = t8 + (-1.5);
+    double t10 = t6 - t9;
+    double t11 = t2 * t2;
+    double t12 = t11 + 1.0;
+    double t13 = t10 / t12;
+    double t14 = t6 > t9 ? t6 : t9;
+    double t15 = t14 > 0.0 ? t14 : 0.0;
+    double t16 = t5 * t5;
+    double t17 = t16 + 1.0;
+    double t18 = sqrt(t17);
+    double t19 = t7 * t6;
+    double t20 = t13 * t5;
+    double t21 = t19 - t20;
+    double t22 = t21 + t15;
+    double t23 = t2 - t4;
+    double t24 = fabs(t23);
+    double t25 = t24 * t18;
+    double t26 = t22 + t25;
+    double t27 = t6 * t6;
+    double t28 = t18 + t27;
+    double t29 = 2.5 / t28;
+    double t30 = t26 + t29;
+    double t31 = -t0;
+    double t32 = t31 * t31;
+    double t33 = 2.0;
+    double t34 = t32 / t33;
+    double t35 = t30 + t34;
+    double t36 = t2 * 0.1;
+    double t37 = t35 - t36;
+
+    double g37 = 1.0;
+    double g35 = g37;
+    double g36 = -g37;
+    double g2 = g36 * 0.1;
+    double g30 = g35;
+    double g34 = g35;
+    double g32 = g34 / t33;
+    double g31 = g32 * (2.0 * t31);
+    double g0 = -g31;
+    double g26 = g30;
+    double g29 = g30;
+    double g28 = -(g29 * t29 / t28);
+    double g18 = g28;
+    double g27 = g28;
+    double g6 = g27 * t6;
+    g6 += g27 * t6;
+    double g22 = g26;
+    double g25 = g26;
+    double g24 = g25 * t18;
+    g18 += g25 * t24;
+    double g23 = g24 * (t23 > 0.0 ? 1.0 : (t23 < 0.0 ? -1.0 : 0.0));
+    g2 += g23;
+    double g21 = g22;
+    double g15 = g22;
+    double g19 = g21;
+    double g20 = -g21;
+    double g13 = g20 * t5;
+    double g5 = g20 * t13;
+    double g7 = g19 * t6;
+    g6 += g19 * t7;
+    double g17 = g18 / (2.0 * t18);
+    double g16 = g17;
+    g5 += g16 * t5;
+    g5 += g16 * t5;
+    double g14 = g15 * (t14 > 0.0 ? 1.0 : 0.0);
+    g6 += g14 * ((t6 > t9 ? 1.0 : 0.0) + 0.5 * (t6 == t9 ? 1.0 : 0.0));
+    double g10 = g13 / t12;
+    double g12 = -(g13 * t13 / t12);
+    double g11 = g12;
+    g2 += g11 * t2;
+    g2 += g11 * t2;
+    g6 += g10;
+    g5 += g7 * t5;
+    g5 += g7 * t5;
+    g5 += g6;
+    g0 += g6;
+    g0 += g5 * t1;
+    double g1 = g5 * t0;
+
+    g[0] += g0;
+    g[1] += g1;
+    g[2] += g2;
+    return t37;
+}

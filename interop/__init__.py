@@ -16,3 +16,6 @@ __all__ = ["jax", "jnp", "CopyWarning", "to_jax", "from_jax", "cupy_to_jax", "ja
 from .function import TransformError, jax_function
 
 __all__ += ["TransformError", "jax_function"]
+from .oracle import Divergence, GradReport, UnsupportedPrimitiveError, check_grads
+
+__all__ += ["Divergence", "GradReport", "UnsupportedPrimitiveError", "check_grads"]

@@ -373,7 +373,7 @@ def check_grads(f, *args, rtol=1e-12, seed=0):
 
     >>> import interop
     >>> r = interop.check_grads(lambda w: interop.jnp.tanh(w @ w).sum(), interop.jnp.eye(3))
-    >>> r.ok, r.grads.shape, r.max_rel[0] <= 1e-12
+    >>> r.ok, r.grads[0].shape, r.max_rel[0] <= 1e-12
     (True, (3, 3), True)
     """
     leaves, tree = jax.tree.flatten(args)

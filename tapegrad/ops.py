@@ -420,19 +420,19 @@ RED = (((3, 4), None, (None, False)), ((3, 4), None, ((1,), True)), ((2, 3, 4), 
 param = op("param", 0, same, kind="leaf", doc="a trainable leaf (copied in)")
 const = op("const", 0, same, kind="leaf", doc="a constant leaf (no gradient flows into it)")
 
-add = op("add", 2, broadcast, aliases=True,
+add = op("add", 2, broadcast, doc="a + b, broadcasting", aliases=True,
          fwd=lambda a, b, s, out, ws: np.add(a, b, out=out),
          da=lambda g, out, a, b, s, ws: g,
          db=lambda g, out, a, b, s, ws: g,
          ref=lambda jnp, a, b, s: a + b,
          c_fwd="a + b", c_da="g", c_db="g", domain=(real, real), cases=BIN)
-sub = op("sub", 2, broadcast, aliases=True,
+sub = op("sub", 2, broadcast, doc="a − b, broadcasting", aliases=True,
          fwd=lambda a, b, s, out, ws: np.subtract(a, b, out=out),
          da=lambda g, out, a, b, s, ws: g,
          db=into(lambda g, out, a, b, s, t: np.negative(g, out=t)),
          ref=lambda jnp, a, b, s: a - b,
          c_fwd="a - b", c_da="g", c_db="-g", domain=(real, real), cases=BIN)
-mul = op("mul", 2, broadcast,
+mul = op("mul", 2, broadcast, doc="a · b, broadcasting",
          fwd=lambda a, b, s, out, ws: np.multiply(a, b, out=out),
          da=into(lambda g, out, a, b, s, t: np.multiply(g, b, out=t)),
          db=into(lambda g, out, a, b, s, t: np.multiply(g, a, out=t)),
@@ -448,7 +448,7 @@ def div_db(g, out, a, b, s, ws):
     return np.negative(t, out=t)
 
 
-div = op("div", 2, broadcast,
+div = op("div", 2, broadcast, doc="a / b, broadcasting",
          fwd=lambda a, b, s, out, ws: np.divide(a, b, out=out),
          da=into(lambda g, out, a, b, s, t: np.divide(g, b, out=t)),
          db=div_db,
@@ -465,7 +465,7 @@ maximum = op("maximum", 2, broadcast,
              domain=(spread, spread), cases=BIN,
              doc="elementwise max; ties share the gradient equally, as in JAX")
 
-neg = op("neg", 1, same,
+neg = op("neg", 1, same, doc="−a",
          fwd=lambda a, b, s, out, ws: np.negative(a, out=out),
          da=into(lambda g, out, a, b, s, t: np.negative(g, out=t)),
          ref=lambda jnp, a, b, s: -a,
@@ -506,7 +506,7 @@ def square_da(g, out, a, b, s, ws):
     return np.multiply(g, t, out=t)
 
 
-square = op("square", 1, same,
+square = op("square", 1, same, doc="a² (exact gradient 2a)",
             fwd=lambda a, b, s, out, ws: np.multiply(a, a, out=out),
             da=square_da,
             ref=lambda jnp, a, b, s: a ** 2,
@@ -528,12 +528,12 @@ pow = op("pow", 1, same,
          c_fwd="pow(a, s)", c_da="g * (s * pow(a, s - 1.0))", tier="libm",
          domain=(positive,), cases=tuple((x, None, p) for (x, _, _), p in zip(UN, (3.0, -1.5, 0.5, 2.5))),
          doc="a ** constant (positive a)")
-relu = op("relu", 1, same,
+relu = op("relu", 1, same, doc="max(a, 0); gradient 0 at 0 (as JAX)",
           fwd=lambda a, b, s, out, ws: np.maximum(a, 0.0, out=out),
           da=relu_da,
           ref=lambda jnp, a, b, s: jnp.where(a > 0, a, 0.0),
           c_fwd="a > 0.0 ? a : 0.0", c_da="g * (a > 0.0 ? 1.0 : 0.0)", domain=(away0,), cases=UN)
-abs = op("abs", 1, same,
+abs = op("abs", 1, same, doc="|a|; gradient sign(a), 0 at 0",
          fwd=lambda a, b, s, out, ws: np.abs(a, out=out),
          da=abs_da,
          ref=lambda jnp, a, b, s: jnp.abs(a),
@@ -546,23 +546,23 @@ sigmoid = op("sigmoid", 1, same,
              c_fwd="(a >= 0.0 ? 1.0 : exp(-fabs(a))) / (1.0 + exp(-fabs(a)))",
              c_da="g * (out * (1.0 - out))", tier="libm", domain=(real,), cases=UN,
              doc="1/(1+e^-a), evaluated without overflow for any finite a")
-tanh = op("tanh", 1, same,
+tanh = op("tanh", 1, same, doc="tanh a; gradient 1 − out²",
           fwd=lambda a, b, s, out, ws: np.tanh(a, out=out),
           da=into(lambda g, out, a, b, s, t: (np.multiply(out, out, out=t), np.subtract(1.0, t, out=t),
                                                  np.multiply(g, t, out=t))),
           ref=lambda jnp, a, b, s: jnp.tanh(a),
           c_fwd="tanh(a)", c_da="g * (1.0 - out * out)", tier="libm", domain=(real,), cases=UN)
-exp = op("exp", 1, same,
+exp = op("exp", 1, same, doc="eᵃ; gradient reuses out",
          fwd=lambda a, b, s, out, ws: np.exp(a, out=out),
          da=into(lambda g, out, a, b, s, t: np.multiply(g, out, out=t)),
          ref=lambda jnp, a, b, s: jnp.exp(a),
          c_fwd="exp(a)", c_da="g * out", tier="libm", domain=(real,), cases=UN)
-log = op("log", 1, same,
+log = op("log", 1, same, doc="natural log (positive a)",
          fwd=lambda a, b, s, out, ws: np.log(a, out=out),
          da=into(lambda g, out, a, b, s, t: np.divide(g, a, out=t)),
          ref=lambda jnp, a, b, s: jnp.log(a),
          c_fwd="log(a)", c_da="g / a", tier="libm", domain=(positive,), cases=UN)
-sqrt = op("sqrt", 1, same,
+sqrt = op("sqrt", 1, same, doc="√a; gradient 1/(2·out)",
           fwd=lambda a, b, s, out, ws: np.sqrt(a, out=out),
           da=into(lambda g, out, a, b, s, t: (np.multiply(2.0, out, out=t), np.divide(g, t, out=t))),
           ref=lambda jnp, a, b, s: jnp.sqrt(a),
@@ -599,13 +599,13 @@ transpose = op("transpose", 1, transpose_shape,
                kind="layout", domain=(real,),
                cases=(((3, 4), None, (1, 0)), ((2, 3, 4), None, (2, 0, 1)), ((5,), None, (0,))),
                doc="permute axes (s = the permutation)")
-reshape = op("reshape", 1, reshape_shape, aliases=True,
+reshape = op("reshape", 1, reshape_shape, doc="a copy with a new shape", aliases=True,
              fwd=lambda a, b, s, out, ws: np.copyto(out, a.reshape(s)),
              da=lambda g, out, a, b, s, ws: g.reshape(a.shape),
              ref=lambda jnp, a, b, s: jnp.reshape(a, s),
              kind="layout", domain=(real,),
              cases=(((3, 4), None, (12,)), ((2, 6), None, (3, 2, 2)), ((4,), None, (1, 4))))
-broadcast_to = op("broadcast_to", 1, broadcast_to_shape, aliases=True,
+broadcast_to = op("broadcast_to", 1, broadcast_to_shape, doc="NumPy broadcasting to a shape; the gradient sums back", aliases=True,
                   fwd=lambda a, b, s, out, ws: np.copyto(out, a),
                   da=lambda g, out, a, b, s, ws: g,
                   ref=lambda jnp, a, b, s: jnp.broadcast_to(a, s),
@@ -639,3 +639,13 @@ concat = op("concat", 2, concat_shape, fwd=concat_fwd, da=concat_da, db=concat_d
             kind="layout", domain=(real, real),
             cases=(((2, 3), (4, 3), 0), ((2, 3), (2, 1), 1), ((3,), (2,), 0)),
             doc="join a and b along axis s")
+
+
+def markdown_table():
+    """The op table of the README, generated from the registry (a test keeps the README in sync)."""
+    rows = ["| op | inputs | kind | exactness tier | scalar C form (forward) | what it is |",
+            "|---|---|---|---|---|---|"]
+    for o in OPS.values():
+        c = f"`{o.c_fwd}`" if o.c_fwd else "—"
+        rows.append(f"| `{o.name}` | {o.arity} | {o.kind} | {o.tier} | {c} | {o.doc or ''} |")
+    return "\n".join(rows)

@@ -1,0 +1,27 @@
+"""The README's example runs and its op table is the registry's."""
+import pathlib
+import re
+
+import numpy as np
+
+import tapegrad.ops as O
+
+README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def test_op_table_is_generated_from_the_registry():
+    table = re.search(r"<!-- ops:begin -->\n(.*?)\n<!-- ops:end -->", README, re.S).group(1)
+    assert table == O.markdown_table(), "run: python experiments/readme_ops.py"
+
+
+def test_the_mlp_example_trains():
+    code = re.search(r"## An MLP trained on the tape\n\n```python\n(.*?)```", README, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 20
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    tape, tg = scope["tape"], scope["tg"]
+    X, y, W1, b1, W2, b2 = (scope[k] for k in ("X", "y", "W1", "b1", "W2", "b2"))
+    logits = (tape.const(X) @ W1 + b1).relu() @ W2 + b2
+    accuracy = (np.argmax(tape.value(logits), axis=1) == y).mean()
+    assert accuracy > 0.8
+    assert float(tape.value(tg.softmax_cross_entropy(logits, np.eye(3)[y]))) < 0.5

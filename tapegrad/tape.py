@@ -429,18 +429,21 @@ class Tape:
     def _sweep(self, top):
         nodes, vals, grads, gpass, ws = self._nodes, self._val, self._grad, self._gpass, self._grads
         p = self._pass
+        acc = self._accumulate
         for k in range(top, -1, -1):
             if gpass[k] != p:
                 continue
-            op, a, b, s = nodes[k][:4]
+            node = nodes[k]
+            op = node[0]
             if not op.arity:
                 continue
+            a, b, s = node[1], node[2], node[3]
             g, out, va = grads[k], vals[k], vals[a]
             vb = None if b < 0 else vals[b]
-            if nodes[a].req:
-                self._accumulate(a, op.da(g, out, va, vb, s, ws), not op.aliases)
-            if b >= 0 and nodes[b].req:
-                self._accumulate(b, op.db(g, out, va, vb, s, ws), not op.aliases)
+            if nodes[a][4]:
+                acc(a, op.da(g, out, va, vb, s, ws), not op.aliases)
+            if b >= 0 and nodes[b][4]:
+                acc(b, op.db(g, out, va, vb, s, ws), not op.aliases)
 
     def _accumulate(self, j, c, fresh=False):
         """Add contribution ``c`` into node j's gradient (summing over broadcast axes first).
@@ -449,10 +452,11 @@ class Tape:
         buffer of an op node (no copy); later ones are added in place, in reverse node order.
         """
         node = self._nodes[j]
-        shape = node.shape
+        shape = node[8]
         buf = self._grad[j]
-        first = self._gpass[j] < (self._pass if node.op.arity else self._since)
-        self._gpass[j] = self._pass
+        gpass = self._gpass
+        first = gpass[j] < (self._pass if node[0].arity else self._since)
+        gpass[j] = self._pass
         if c.shape != shape:
             if first and buf is not None:
                 unbroadcast(c, shape, self._grads, out=buf)

@@ -228,3 +228,22 @@ def test_gradcheck_catches_a_wrong_rule_and_names_the_input():
     assert not report.ok and report.worst == 0
     assert report.errors[1] < 1e-8 and report.errors[0] > 1e-2
     assert "FAILED: worst input 0" in str(report)
+
+
+def test_operators_and_methods_match_numpy():
+    rng = np.random.default_rng(5)
+    a_np, b_np = rng.uniform(0.5, 2.0, (3, 4)), rng.uniform(0.5, 2.0, 4)
+    tape = tg.Tape()
+    a, b = tape.param(a_np), tape.param(b_np)
+    cases = [
+        (a + b, a_np + b_np), (2.0 - a, 2.0 - a_np), (a - 1.5, a_np - 1.5), (3 * a, 3 * a_np),
+        (a / b, a_np / b_np), (1.0 / a, 1.0 / a_np), (a / 4.0, a_np / 4.0), (a ** 3, a_np ** 3),
+        (a ** 2, a_np * a_np), (-a, -a_np), (b_np + a, b_np + a_np), (a @ a.T, a_np @ a_np.T),
+        (a[1:3, :2], a_np[1:3, :2]), (a.sum(axis=0), a_np.sum(axis=0)), (a.max(axis=1, keepdims=True),
+        a_np.max(axis=1, keepdims=True)), (a.reshape(-1), a_np.reshape(-1)), (abs(a - 1.0), np.abs(a_np - 1.0)),
+        (tg.maximum(a, b), np.maximum(a_np, b_np)), (tg.concat([a, a], axis=1), np.concatenate([a_np, a_np], 1)),
+        (tg.broadcast_to(b, (2, 4)), np.broadcast_to(b_np, (2, 4))), (a.transpose((1, 0)), a_np.T),
+        (tg.mse(a, b), np.mean((a_np - b_np) ** 2)),
+    ]
+    for var, want in cases:
+        np.testing.assert_allclose(tape.value(var), want, rtol=1e-15, err_msg=repr(var))

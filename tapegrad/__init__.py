@@ -7,15 +7,16 @@
 True
 array([6.])
 """
-from . import ops
-from .errors import (BuildError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError, ShapeError,
-                     TapeError)
+from . import emit, ops
+from .capture import Program, capture
+from .checkpoint import load, save
+from .errors import (ArgumentError, BuildError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError,
+                     ShapeError, TapeError)
 from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log_softmax, matmul, max,
                          maximum, mean, mse, mul, neg, power, relu, reshape, sigmoid, softmax,
                          softmax_cross_entropy, sqrt, square, sub, sum, tanh, transpose)
+from .gradcheck import gradcheck
+from .optim import SGD, Adam
 from .tape import NonFinite, Tape, Var
 
 __version__ = "0.1.0"
-from .optim import SGD, Adam
-from .checkpoint import load, save
-from .gradcheck import gradcheck

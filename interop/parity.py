@@ -1,0 +1,108 @@
+"""Optimizer parity: tapegrad's optimizers against the matching optax chains, step by step.
+
+``optax_chain(opt)`` builds the optax transformation that performs the same arithmetic as a
+tapegrad ``Adam(eps_mode="optax")`` or ``SGD`` (L2 → global-norm clip → Adam → scale by −lr), and
+``compare_with_optax`` runs both on the *same* gradient sequence (a function of each side's own
+current parameters, evaluated by NumPy on both sides) and reports the first step where the
+parameters stop being bit-identical.
+
+Known differences (measured by tests/test_oracle_optim.py):
+- the bias corrections ``1 − βᵗ``: tapegrad evaluates ``β ** t`` with the C library's ``pow`` on the
+  host; optax evaluates ``β ** count`` inside XLA (an integer power). Where the two round ``βᵗ``
+  differently by one ulp the updates differ in the last bits;
+- global-norm clipping: tapegrad sums Σg² per parameter with a BLAS dot and adds the per-parameter
+  sums in registration order; optax's ``optax.tree.norm`` reduces each leaf with XLA's reduction
+  order, so the norm (and everything scaled by it) can differ by an ulp from the first clipped step.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+import tapegrad as tg
+
+from ._jax import jax
+
+
+def optax_chain(opt):
+    """The optax ``GradientTransformation`` matching a tapegrad optimizer's configuration.
+
+    Per-parameter L2 must take at most one nonzero value (optax's ``add_decayed_weights`` has one
+    coefficient); parameters with ``l2 == 0`` are masked out.
+    """
+    import optax
+    if isinstance(opt, tg.Adam) and opt.eps_mode != "optax":
+        raise ValueError("optax_chain: only Adam(eps_mode='optax') has an optax equivalent (optax adds ε to √v̂)")
+    if opt.clip is not None and opt.clip_mode != "optax":
+        raise ValueError(f"optax_chain: clip_mode {opt.clip_mode!r} rounds differently from optax; use 'optax'")
+    parts = []
+    l2 = sorted({x for x in opt.l2 if x})
+    if len(l2) > 1:
+        raise ValueError(f"optax_chain: one nonzero L2 coefficient at most, got {l2}")
+    if l2:
+        mask = [x != 0.0 for x in opt.l2]
+        parts.append(optax.add_decayed_weights(l2[0], mask=lambda params: type(params)(mask)))
+    if opt.clip is not None:
+        parts.append(optax.clip_by_global_norm(opt.clip))
+    if isinstance(opt, tg.Adam):
+        parts.append(optax.scale_by_adam(b1=opt.b1, b2=opt.b2, eps=opt.eps))
+    parts.append(optax.scale(-opt.lr))
+    return optax.chain(*parts)
+
+
+@dataclass
+class ParityReport:
+    """``first_diff``: the 1-based step after which parameters first differ (None: identical throughout)."""
+    steps: int
+    first_diff: object
+    max_abs: float            # max |tapegrad − optax| over parameters after the last step
+    max_rel: float
+
+    @property
+    def identical(self):
+        return self.first_diff is None
+
+
+def compare_with_optax(opt, init, grad_fn, steps=100, jit=True):
+    """Run ``opt`` (fresh, unregistered) on a tape and its ``optax_chain`` side by side for ``steps`` steps.
+
+    ``init``: list of initial parameter arrays; ``grad_fn(step, params) -> list of gradients``
+    (NumPy, evaluated on each side's own current parameters). On the tape, a gradient ``G`` is
+    injected exactly through the loss ``Σ w·G`` (d/dw = G bit for bit). ``jit=False`` runs optax
+    op by op (no XLA fusion, hence no FMA contraction).
+    """
+    import optax
+    chain = optax_chain(opt)
+    tape = tg.Tape()
+    ws = [tape.param(np.asarray(a, np.float64)) for a in init]
+    l2 = list(opt.l2) + [0.0] * (len(ws) - len(opt.l2))
+    opt.l2 = []
+    for w, c in zip(ws, l2):
+        opt.add(tape, w, l2=c)
+    mark = tape.mark()
+
+    def step(params, state, grads):
+        updates, state = chain.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    if jit:
+        step = jax.jit(step)
+
+    params = [jax.numpy.asarray(np.asarray(a, np.float64)) for a in init]
+    state = chain.init(params)
+    first = None
+    for k in range(steps):
+        gt = grad_fn(k, [np.asarray(tape.value(w)) for w in ws])
+        loss = None
+        for w, g in zip(ws, gt):
+            term = (w * tape.const(g)).sum()
+            loss = term if loss is None else loss + term
+        tape.backward(loss)
+        opt.step()
+        tape.reset_to(mark)
+        gj = grad_fn(k, [np.asarray(p) for p in params])
+        params, state = step(params, state, [jax.numpy.asarray(g) for g in gj])
+        if first is None and any(not np.array_equal(tape.value(w), np.asarray(p)) for w, p in zip(ws, params)):
+            first = k + 1
+    diffs = [np.abs(np.asarray(tape.value(w)) - np.asarray(p)).max() for w, p in zip(ws, params)]
+    scale = max(np.abs(np.asarray(p)).max() for p in params)
+    return ParityReport(steps, first, float(max(diffs)), float(max(diffs) / scale))

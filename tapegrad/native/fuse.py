@@ -1,0 +1,54 @@
+"""The fusion planner (seed ``gpfuse``): maximal runs of row-local elementwise nodes, one loop each.
+
+A node is row-local here when it is an elementwise registry op (it has C expressions) whose output
+has the run's shape; its other operands may be whole leaves or broadcast rows (``[c]``, ``[1]``), read
+only. Matmuls stay on BLAS and end a run (on the CPU a GEMM is the whole cost; fusing it would mean
+writing one). Backward runs additionally require that every gradient the node writes has the run's
+shape, so no contribution needs the cross-row reduction of a broadcast input inside the loop; those
+nodes run alone. Every node still writes its own value and gradient buffers, in node order, so a fused
+loop performs exactly the unfused loops' arithmetic, element by element.
+"""
+
+
+def _ew(op, field):
+    return op.kind == "elementwise" and getattr(op, field) is not None
+
+
+def plan(prog, fuse=True):
+    """(forward segments: lists of node ids; backward segments: lists of schedule entries)."""
+    nodes, shapes = prog.nodes, prog.shapes
+    fwd = []
+    for k in prog.compute:
+        op = nodes[k][0]
+        if fuse and fwd and _ew(op, "c_fwd") and _ew(nodes[fwd[-1][-1]][0], "c_fwd") \
+                and shapes[k] == shapes[fwd[-1][-1]]:
+            fwd[-1].append(k)
+        else:
+            fwd.append([k])
+    bwd, fusable = [], set()
+    for e in prog.sched:
+        k, ta, _, tb, _ = e
+        op, a, b, _ = nodes[k]
+        ok = (op.kind == "elementwise" and (not ta or shapes[a] == shapes[k])
+              and (not tb or shapes[b] == shapes[k]))
+        if fuse and ok and bwd and bwd[-1][-1][0] in fusable and shapes[bwd[-1][-1][0]] == shapes[k]:
+            bwd[-1].append(e)
+        else:
+            bwd.append([e])
+        if ok:
+            fusable.add(k)
+    return fwd, bwd
+
+
+def report(prog, fwd, bwd):
+    """What ``Program.plan()`` shows: segments and kernel counts before/after fusion."""
+    return {
+        "backend": "native",
+        "fused": any(len(s) > 1 for s in fwd + bwd),
+        "forward_segments": [(s[0], s[-1], len(s)) for s in fwd],
+        "backward_segments": [(s[0][0], s[-1][0], len(s)) for s in bwd],
+        "kernels_forward_unfused": len(prog.compute),
+        "kernels_forward": len(fwd),
+        "kernels_backward_unfused": len(prog.sched),
+        "kernels_backward": len(bwd),
+    }

@@ -1,0 +1,173 @@
+"""The native backend: a program's buffers in a pointer table, its generated C built and called by ctypes.
+
+``Program.native_abi()`` (for C callers such as an XLA FFI handler) returns plain ints and lists:
+
+``forward``, ``backward``, ``episode``, ``step``: addresses of ``void f(void *ctx)``; ``episode`` is
+forward + backward + optimizer step (the step does nothing while no optimizer is attached).
+``ctx``: the pointer table the functions take (see ``codegen``).
+``params`` / ``inputs`` / ``grads``: ``[(address, shape)]`` of parameter values, constant slots (lazy
+ones included) and parameter gradients, each in tape (registration) order; C-contiguous, 64-byte aligned.
+``loss``: address of the loss value (one element). ``dtype``: "float64" or "float32".
+``opt_state``: ``[(address, shape)]`` = mu_0, nu_0, mu_1, nu_1, … in the attached optimizer's
+registration order (empty for SGD or when nothing is attached).
+``step_scalars``: address of a double array ``[count, s0, s1, s2, norm, clipped]``. The step reads
+``count``, adds one, and computes Adam's bias corrections from it in C (``1 − b**count`` with the C
+library's ``pow``, as ``Adam.step_scalars`` does on the host), so a caller only ever owns the counter:
+write ``count`` there to restore a checkpoint, read it back after steps.
+"""
+import ctypes
+import math
+
+import numpy as np
+
+from .._arena import aligned_empty
+from . import build, codegen, fuse
+
+_BLAS = {}
+
+
+def blas_pointers(dtype):
+    """Addresses of SciPy's Fortran BLAS gemm and dot for ``dtype`` (``scipy.linalg.cython_blas``)."""
+    key = str(dtype)
+    if key not in _BLAS:
+        try:
+            from scipy.linalg import cython_blas
+        except ImportError as e:   # pragma: no cover - scipy is a dependency of the native extra
+            from ..errors import BuildError
+            raise BuildError(f"native backend: scipy (for its BLAS) is missing: {e}; pip install scipy") from None
+        get_name = ctypes.pythonapi.PyCapsule_GetName
+        get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+        get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+        get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+        caps = cython_blas.__pyx_capi__
+        pre = "s" if key == "float32" else "d"
+        _BLAS[key] = tuple(get_ptr(caps[pre + f], get_name(caps[pre + f])) for f in ("gemm", "dot"))
+    return _BLAS[key]
+
+
+def _addr(a):
+    return a.__array_interface__["data"][0]
+
+
+class NativeRunner:
+    """Builds and drives the generated library of one ``Program``."""
+
+    def __init__(self, prog):
+        p = self.p = prog
+        self.bufs = []
+        self.index = {}
+        for k in range(len(p.nodes)):
+            self._add(("v", k), p.val[k])
+        for k in range(len(p.nodes)):
+            if p.grad[k] is not None:
+                self._add(("g", k), p.grad[k])
+        big = max([math.prod(s) for s in p.shapes] + [1])
+        for j in range(3):
+            self._add(("S", j), aligned_empty((big,), p.dtype))
+        self.fwd_segs, self.bwd_segs = fuse.plan(p, p.fuse)
+        self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs).emit()
+        self.path = build.build(self.source)
+        self.lib = build.load(self.path)
+        self.sc = np.zeros(8, np.float64)
+        self.cfg = np.zeros(16 + max(len(p.params), 1), np.float64)
+        self.pinfo = np.zeros(8 * max(len(p.params), 1), np.int64)
+        self.base = len(self.bufs)       # optimizer buffers go after these; the table never moves
+        self.table = np.zeros(codegen.FIRST + self.base + 5 * len(p.params), np.uint64)
+        self._fill_table()
+        self.ctx = ctypes.c_void_p(_addr(self.table))
+        self.fns = {}
+        for name in ("forward", "backward", "step", "episode"):
+            f = getattr(self.lib, "tg_" + name)
+            f.argtypes, f.restype = [ctypes.c_void_p], None
+            self.fns[name] = f
+
+    def _add(self, key, arr):
+        self.index[key] = len(self.bufs)
+        self.bufs.append(arr)
+
+    def _fill_table(self):
+        gemm, dot = blas_pointers(self.p.dtype)
+        t = self.table
+        t[0], t[1] = gemm, dot
+        t[2], t[3], t[4] = _addr(self.sc), _addr(self.cfg), _addr(self.pinfo)
+        for i, a in enumerate(self.bufs):
+            t[codegen.FIRST + i] = _addr(a)
+
+    # ── running ──────────────────────────────────────────────────────────────
+
+    def forward(self):
+        self.fns["forward"](self.ctx)
+
+    def backward(self):
+        self.fns["backward"](self.ctx)
+
+    def step(self):
+        self.fns["step"](self.ctx)
+        self.p.opt.count = int(self.sc[0])
+
+    def episode(self):
+        self.fns["episode"](self.ctx)
+        if self.p.opt is not None:
+            self.p.opt.count = int(self.sc[0])
+
+    def pull_count(self):
+        self.p.opt.count = int(self.sc[0])
+
+    def push_count(self):
+        self.sc[0] = float(self.p.opt.count)
+
+    def attached(self):
+        """Write the optimizer's configuration into cfg/pinfo (no rebuild: the step reads them at run time)."""
+        p, o = self.p, self.p.opt
+        if len(o.ids) > len(self.cfg) - 16:
+            raise ValueError("more optimizer parameters than program parameters")
+        cfg = self.cfg
+        cfg[:] = 0.0
+        cfg[0] = 1.0 if o.kind == "SGD" else 2.0
+        cfg[1] = o.lr
+        if o.kind == "Adam":
+            c = o.conf
+            cfg[2], cfg[3], cfg[4], cfg[5] = c.b1, c.b2, c.eps, 0.0 if c.eps_mode == "optax" else 1.0
+        cfg[6] = -1.0 if o.clip is None else o.clip
+        cfg[7] = ("optax", "seed", "torch").index(o.clip_mode)
+        cfg[8] = len(o.ids)
+        del self.bufs[self.base:]
+        self.pinfo[:] = 0
+        for k, i in enumerate(o.ids):
+            cfg[16 + k] = o.l2[k]
+            gt = aligned_empty(p.shapes[i], p.dtype)
+            mu = o.mu[k] if o.mu else aligned_empty(p.shapes[i], p.dtype)
+            nu = o.nu[k] if o.nu else aligned_empty(p.shapes[i], p.dtype)
+            gbuf = p.grad[i] if p.grad[i] is not None else p.grad_buf(i)
+            row = []
+            for arr in (p.val[i], gbuf, gt, mu, nu):
+                j = len(self.bufs)
+                self.bufs.append(arr)
+                row.append(j)
+            self.pinfo[8 * k:8 * k + 8] = row + [math.prod(p.shapes[i]), int(o.touched[k]), 0]
+        self._fill_table()
+        self.sc[0] = float(o.count)
+
+    # ── reports ──────────────────────────────────────────────────────────────
+
+    def plan(self):
+        return fuse.report(self.p, self.fwd_segs, self.bwd_segs)
+
+    def abi(self):
+        p = self.p
+        fn = {name: ctypes.cast(f, ctypes.c_void_p).value for name, f in self.fns.items()}
+        state = []
+        if p.opt is not None and p.opt.kind == "Adam":
+            for m, v in zip(p.opt.mu, p.opt.nu):
+                state += [(_addr(m), m.shape), (_addr(v), v.shape)]
+        return {
+            "forward": fn["forward"], "backward": fn["backward"], "episode": fn["episode"], "step": fn["step"],
+            "ctx": _addr(self.table),
+            "params": [(_addr(p.val[k]), p.shapes[k]) for k in p.params],
+            "inputs": [(_addr(p.val[k]), p.shapes[k]) for k in p.consts],
+            "grads": [(_addr(p.grad_buf(k)), p.shapes[k]) for k in p.params],
+            "loss": _addr(p.val[p.loss]),
+            "dtype": str(p.dtype),
+            "opt_state": state,
+            "step_scalars": _addr(self.sc),
+        }

@@ -1,0 +1,369 @@
+/* tapegrad native runtime: the generic kernels a generated program calls.
+ *
+ * Included verbatim after the generated prologue, which defines `real` (double or float), R(x) (a
+ * literal of type real), the libm names RSQRT/REXP/RLOG, and `tg_gemm_t`/`tg_dot_t`. Every kernel
+ * repeats the NumPy rule's arithmetic step by step (one rounding per NumPy ufunc call), and every
+ * reduction follows NumPy's order: outer indices row-major into an accumulator that starts at 0,
+ * the trailing contiguous reduced block summed pairwise (8 accumulators, blocks of 128).
+ */
+#include <math.h>
+#include <string.h>
+
+#define TG_MAXD 8
+
+/* NumPy's pairwise summation (DOUBLE_pairwise_sum / FLOAT_pairwise_sum), contiguous input. */
+TG_FN real tg_pairwise(const real *a, long n)
+{
+    if (n < 8) {
+        real res = R(0.0);
+        for (long i = 0; i < n; i++)
+            res += a[i];
+        return res;
+    }
+    if (n <= 128) {
+        real r[8];
+        long i;
+        for (int j = 0; j < 8; j++)
+            r[j] = a[j];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int j = 0; j < 8; j++)
+                r[j] += a[i + j];
+        real res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++)
+            res += a[i];
+        return res;
+    }
+    long n2 = n / 2;
+    n2 -= n2 % 8;
+    return tg_pairwise(a, n2) + tg_pairwise(a + n2, n - n2);
+}
+
+/* out = Σ of x (shape[nd], C-contiguous) over the axes with red[k] = 1; out is the kept-axes array.
+ * mode 0: sum; mode 1: max (NaN propagates). */
+TG_FN void tg_reduce(int mode, const real *x, real *out, int nd, const long *shape, const unsigned char *red)
+{
+    long inner = 1, nout = 1;
+    int t = nd;
+    while (t > 0 && red[t - 1]) {
+        t--;
+        inner *= shape[t];
+    }
+    long ost[TG_MAXD], idx[TG_MAXD];
+    long s = 1;
+    for (int k = nd - 1; k >= 0; k--) {
+        ost[k] = red[k] ? 0 : s;
+        if (!red[k])
+            s *= shape[k];
+    }
+    nout = s;
+    for (long i = 0; i < nout; i++)
+        out[i] = mode ? -INFINITY : R(0.0);
+    long nouter = 1;
+    for (int k = 0; k < t; k++) {
+        nouter *= shape[k];
+        idx[k] = 0;
+    }
+    const real *p = x;
+    for (long q = 0; q < nouter; q++) {
+        long o = 0;
+        for (int k = 0; k < t; k++)
+            o += idx[k] * ost[k];
+        if (mode == 0) {
+            out[o] += inner == 1 ? p[0] : tg_pairwise(p, inner);
+        } else {
+            real m = out[o];
+            for (long i = 0; i < inner; i++)
+                if (m == m && (p[i] > m || p[i] != p[i]))
+                    m = p[i];
+            out[o] = m;
+        }
+        p += inner;
+        for (int k = t - 1; k >= 0; k--) {
+            if (++idx[k] < shape[k])
+                break;
+            idx[k] = 0;
+        }
+    }
+}
+
+/* dst (C-contiguous, shape[nd]) = src read with element strides sst[nd] (0 = broadcast). */
+TG_FN void tg_gather(real *dst, const real *src, int nd, const long *shape, const long *sst)
+{
+    long idx[TG_MAXD] = {0}, n = 1;
+    for (int k = 0; k < nd; k++)
+        n *= shape[k];
+    long o = 0;
+    for (long i = 0; i < n; i++) {
+        dst[i] = src[o];
+        for (int k = nd - 1; k >= 0; k--) {
+            o += sst[k];
+            if (++idx[k] < shape[k])
+                break;
+            o -= sst[k] * shape[k];
+            idx[k] = 0;
+        }
+    }
+}
+
+/* dst read with element strides dstr[nd] ← (first ? src : dst + src), src C-contiguous of shape[nd]. */
+TG_FN void tg_scatter(real *dst, const long *dstr, const real *src, int nd, const long *shape, int first)
+{
+    long idx[TG_MAXD] = {0}, n = 1;
+    for (int k = 0; k < nd; k++)
+        n *= shape[k];
+    long o = 0;
+    for (long i = 0; i < n; i++) {
+        dst[o] = first ? src[i] : dst[o] + src[i];
+        for (int k = nd - 1; k >= 0; k--) {
+            o += dstr[k];
+            if (++idx[k] < shape[k])
+                break;
+            o -= dstr[k] * shape[k];
+            idx[k] = 0;
+        }
+    }
+}
+
+/* gradient accumulation: the first contribution is copied, later ones added (Tape._accumulate). */
+TG_FN void tg_acc(real *restrict gbuf, const real *restrict c, long n, int first)
+{
+    if (first)
+        memcpy(gbuf, c, (size_t)n * sizeof(real));
+    else
+        for (long i = 0; i < n; i++)
+            gbuf[i] = gbuf[i] + c[i];
+}
+
+TG_FN void tg_fill(real *p, long n, real v)
+{
+    for (long i = 0; i < n; i++)
+        p[i] = v;
+}
+
+/* row-major C[m,n] = op(A) @ op(B) through a Fortran BLAS gemm (ta/tb: the operand is stored transposed). */
+TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real *A, const real *B, real *C)
+{
+    char tA = ta ? 'T' : 'N', tB = tb ? 'T' : 'N';
+    int lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+    real one = R(1.0), zero = R(0.0);
+    if (m == 0 || n == 0)
+        return;
+    if (k == 0) {
+        tg_fill(C, (long)m * n, R(0.0));
+        return;
+    }
+    gemm(&tB, &tA, &n, &m, &k, &one, (real *)B, &ldb, (real *)A, &lda, &zero, C, &ldc);
+}
+
+/* softmax / logsoftmax over the middle axis of (outer, n, inner); r: scratch of outer·inner. */
+TG_FN void tg_softmax(int log_, const real *a, real *out, real *e, real *r, long outer, long n, long inner)
+{
+    long sh[3] = {outer, n, inner};
+    const unsigned char red[3] = {0, 1, 0};
+    long total = outer * n * inner;
+    tg_reduce(1, a, r, 3, sh, red);
+    for (long o = 0; o < outer; o++)
+        for (long j = 0; j < n; j++)
+            for (long i = 0; i < inner; i++) {
+                long p = (o * n + j) * inner + i;
+                out[p] = a[p] - r[o * inner + i];
+            }
+    if (!log_) {
+        for (long p = 0; p < total; p++)
+            out[p] = REXP(out[p]);
+        tg_reduce(0, out, r, 3, sh, red);
+        for (long o = 0; o < outer; o++)
+            for (long j = 0; j < n; j++)
+                for (long i = 0; i < inner; i++) {
+                    long p = (o * n + j) * inner + i;
+                    out[p] = out[p] / r[o * inner + i];
+                }
+    } else {
+        for (long p = 0; p < total; p++)
+            e[p] = REXP(out[p]);
+        tg_reduce(0, e, r, 3, sh, red);
+        for (long q = 0; q < outer * inner; q++)
+            r[q] = RLOG(r[q]);
+        for (long o = 0; o < outer; o++)
+            for (long j = 0; j < n; j++)
+                for (long i = 0; i < inner; i++) {
+                    long p = (o * n + j) * inner + i;
+                    out[p] = out[p] - r[o * inner + i];
+                }
+    }
+}
+
+/* d softmax: c = out · (g − Σ g·out);  d logsoftmax: c = g − exp(out) · Σ g. */
+TG_FN void tg_softmax_da(int log_, const real *g, const real *out, real *c, real *r, long outer, long n, long inner)
+{
+    long sh[3] = {outer, n, inner};
+    const unsigned char red[3] = {0, 1, 0};
+    long total = outer * n * inner;
+    if (!log_) {
+        for (long p = 0; p < total; p++)
+            c[p] = g[p] * out[p];
+        tg_reduce(0, c, r, 3, sh, red);
+        for (long o = 0; o < outer; o++)
+            for (long j = 0; j < n; j++)
+                for (long i = 0; i < inner; i++) {
+                    long p = (o * n + j) * inner + i;
+                    real t = g[p] - r[o * inner + i];
+                    c[p] = out[p] * t;
+                }
+    } else {
+        tg_reduce(0, g, r, 3, sh, red);
+        for (long o = 0; o < outer; o++)
+            for (long j = 0; j < n; j++)
+                for (long i = 0; i < inner; i++) {
+                    long p = (o * n + j) * inner + i;
+                    real t = REXP(out[p]);
+                    t = t * r[o * inner + i];
+                    c[p] = g[p] - t;
+                }
+    }
+}
+
+/* ── the optimizer (optim.py's l2_grad, clip, sgd_update, adam_update, step_scalars) ──────────── */
+
+/* cfg: [kind (0 none, 1 SGD, 2 Adam), lr, b1, b2, eps, eps_mode (0 optax, 1 hat), clip (<= 0: off),
+ *       clip_mode (0 optax, 1 seed, 2 torch), nparams, ..., l2[k] at 16 + k]
+ * pinfo (long long, 8 per registered param): [w, g, gt, mu, nu, n, touched, 0] buffer indices into T.
+ * sc: [count, s0, s1, s2, norm, clipped]: count advances here, s* are step_scalars(count). */
+#define TG_B(i) ((real *)T[TG_FIRST + (i)])
+
+TG_FN void tg_opt_step(void **T)
+{
+    double *sc = (double *)T[2];
+    const double *cfg = (const double *)T[3];
+    const long long *pi = (const long long *)T[4];
+    int kind = (int)cfg[0], np_ = (int)cfg[8];
+    if (kind == 0)
+        return;
+    double lr = cfg[1], b1 = cfg[2], b2 = cfg[3], eps = cfg[4], maxn = cfg[6];
+    int hat = (int)cfg[5], cmode = (int)cfg[7];
+    double count = sc[0] + 1.0;
+    sc[0] = count;
+    if (kind == 2) {
+        double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b2, count);
+        if (!hat) {
+            sc[1] = -lr;
+            sc[2] = bc1;
+            sc[3] = bc2;
+        } else {
+            sc[1] = lr * sqrt(bc2) / bc1;
+        }
+    }
+    for (int k = 0; k < np_; k++) {
+        const long long *p = pi + 8 * k;
+        if (!p[6])
+            continue;
+        real *w = TG_B(p[0]), *g = TG_B(p[1]), *gt = TG_B(p[2]);
+        long n = (long)p[5];
+        double l2 = cfg[16 + k];
+        if (l2 != 0.0) {
+            real l = (real)l2;
+            for (long i = 0; i < n; i++) {
+                real t = l * w[i];
+                gt[i] = g[i] + t;
+            }
+        } else {
+            memcpy(gt, g, (size_t)n * sizeof(real));
+        }
+    }
+    sc[4] = 0.0;
+    sc[5] = 0.0;
+    if (maxn > 0.0) {
+        double total = 0.0;
+        int any = 0;
+        tg_dot_t dot = (tg_dot_t)T[1];
+        for (int k = 0; k < np_; k++) {
+            const long long *p = pi + 8 * k;
+            if (!p[6])
+                continue;
+            int n = (int)p[5], one = 1;
+            total += (double)dot(&n, TG_B(p[2]), &one, TG_B(p[2]), &one);
+            any = 1;
+        }
+        double norm = sqrt(total);
+        sc[4] = norm;
+        int clip = !any ? 0 : cmode == 0 ? norm >= maxn : cmode == 1 ? norm > maxn : maxn / (norm + 1e-6) < 1.0;
+        if (clip) {
+            sc[5] = 1.0;
+            real rn = (real)norm, rm = (real)maxn;
+            real f = cmode == 1 ? (real)(maxn / norm) : (real)(maxn / (norm + 1e-6));
+            for (int k = 0; k < np_; k++) {
+                const long long *p = pi + 8 * k;
+                if (!p[6])
+                    continue;
+                real *gt = TG_B(p[2]);
+                long n = (long)p[5];
+                if (cmode == 0)
+                    for (long i = 0; i < n; i++) {
+                        real t = gt[i] / rn;
+                        gt[i] = t * rm;
+                    }
+                else
+                    for (long i = 0; i < n; i++)
+                        gt[i] = gt[i] * f;
+            }
+        }
+    }
+    for (int k = 0; k < np_; k++) {
+        const long long *p = pi + 8 * k;
+        if (!p[6])
+            continue;
+        real *restrict w = TG_B(p[0]), *restrict gt = TG_B(p[2]);
+        long n = (long)p[5];
+        if (kind == 1) {
+            real l = (real)lr;
+            for (long i = 0; i < n; i++) {
+                real t = l * gt[i];
+                w[i] = w[i] - t;
+            }
+            continue;
+        }
+        real *restrict mu = TG_B(p[3]), *restrict nu = TG_B(p[4]);
+        real rb1 = (real)b1, rb2 = (real)b2, c1 = (real)(1.0 - b1), c2 = (real)(1.0 - b2), re = (real)eps;
+        if (!hat) {
+            real nlr = (real)sc[1], bc1 = (real)sc[2], bc2 = (real)sc[3];
+            for (long i = 0; i < n; i++) {
+                real gi = gt[i];
+                real t = c1 * gi;
+                real m = rb1 * mu[i];
+                m = t + m;
+                mu[i] = m;
+                t = gi * gi;
+                t = c2 * t;
+                real v = rb2 * nu[i];
+                v = t + v;
+                nu[i] = v;
+                t = v / bc2;
+                t = RSQRT(t);
+                t = t + re;
+                real u = m / bc1;
+                u = u / t;
+                u = nlr * u;
+                w[i] = w[i] + u;
+            }
+        } else {
+            real lrt = (real)sc[1];
+            for (long i = 0; i < n; i++) {
+                real gi = gt[i];
+                real m = rb1 * mu[i];
+                real t = c1 * gi;
+                m = m + t;
+                mu[i] = m;
+                real v = rb2 * nu[i];
+                t = gi * gi;
+                t = c2 * t;
+                v = v + t;
+                nu[i] = v;
+                t = RSQRT(v);
+                t = t + re;
+                t = m / t;
+                t = lrt * t;
+                w[i] = w[i] - t;
+            }
+        }
+    }
+}

@@ -198,7 +198,6 @@ def _expr(text, env, dialect):
     return _NAMES.sub(lambda m: env[m.group(1)], text)
 
 
-
 # ── the emitter ──────────────────────────────────────────────────────────────
 
 def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=False):
@@ -263,19 +262,15 @@ def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=Fa
     live = _ancestors(nodes, top)
     for k in live:
         op = nodes[k].op
-        if math.prod(_shape(tape, k)) != 1:
+        if math.prod(nodes[k].shape) != 1:
             raise EmitError(f"{at(op.name, k)}: expected one element (c_grad emits scalar tapes), got shape "
-                            f"{_shape(tape, k)}; record the per-example loss on one-element Vars")
+                            f"{nodes[k].shape}; record the per-example loss on one-element Vars")
         if op.arity and forms(op) is None:
             raise EmitError(f"{at(op.name, k)}: op {op.name} has no scalar C form (no c_fwd in the registry, "
                             f"nor in emit.SCALAR_FORMS); it cannot be emitted")
     bind = _bindings(tape, live, params, leaves, dialect)
-    return _source(tape, top, live, bind, dialect, name, with_data)
-
-
-def _shape(tape, k):
-    node = tape._nodes[k]
-    return node.shape if hasattr(node, "shape") else tape._shape[k]
+    return _source(tape, top, live, bind, [tape._index(v, "c_grad", "params") for v in params], dialect, name,
+                   with_data)
 
 
 def _bindings(tape, live, params, leaves, dialect):
@@ -317,7 +312,7 @@ def _bindings(tape, live, params, leaves, dialect):
     return bind
 
 
-def _source(tape, top, live, bind, dialect, name, with_data):
+def _source(tape, top, live, bind, pids, dialect, name, with_data):
     nodes = tape._nodes
     env_s = {}
     fwd, bwd = [], []
@@ -331,6 +326,9 @@ def _source(tape, top, live, bind, dialect, name, with_data):
             env["s"] = literal(n.s, dialect)
         env_s[k] = env
         fwd.append(f"double t{k} = {_expr(forms(n.op)[0], env, dialect)};")
+    # A gradient is declared by its first contribution, which the tape copies (0.0 + c would turn a
+    # -0.0 into +0.0); later ones are added in the tape's order: consumers from the highest id down,
+    # a before b.
     seen = set()
     if nodes[top].req:
         bwd.append(f"double g{top} = 1.0;")
@@ -351,13 +349,13 @@ def _source(tape, top, live, bind, dialect, name, with_data):
                 bwd.append(f"g{j} = __dadd_rn(g{j}, {c});")
             else:
                 bwd.append(f"g{j} += {c};")
-    pars = sorted((int(bind[k][2:-1]), k) for k in live if nodes[k].op is O.param)
-    epi = [f"g[{j}] = __dadd_rn(g[{j}], g{k});" if dialect == "cuda" else f"g[{j}] += g{k};" for j, k in pars]
+    epi = [f"g[{j}] = __dadd_rn(g[{j}], g{k});" if dialect == "cuda" else f"g[{j}] += g{k};"
+           for j, k in enumerate(pids)]
     args = ["const double *p", "double *g"] + (["const double *v"] if with_data else [])
-    unused = ["p", "g"] if not pars else []
+    unused = ["p", "g"] if not pids else []
     if with_data and not any(re.search(r"\bv\b", bind[k]) for k in live if not nodes[k].op.arity):
         unused.append("v")
-    where = "".join(f"; {bind[k]} = node {k}" for _, k in pars)
+    where = "".join(f"; p[{j}] = node {k}" for j, k in enumerate(pids))
     head = [f"/* tapegrad.emit.c_grad: returns t{top}{where}. */"]
     if dialect == "c":
         head += ["#include <math.h>", ""]

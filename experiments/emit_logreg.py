@@ -124,11 +124,15 @@ def main():
     t_tensor = best(lambda: tensor_episode(X, y, w0, b0), 20) / n
     g = np.zeros(d + 1)
     t_c = best(lambda: lib.grad_sum(ptr(p), ptr(g), ptr(rows), n, d + 1), 200) / n
+    row_ptrs = [ptr(r) for r in rows]
+    t_ffi = best(lambda: [lib.grad(ptr(p), ptr(g), r) for r in row_ptrs], 5) / n
     print()
     print(f"| {'per example, forward + gradient':<42} | {'µs':>9} | {'× emitted C':>11} |")
     print(f"|{'-' * 44}|{'-' * 11}|{'-' * 13}|")
-    for label, t in (("scalar tape (one episode per row)", t_scalar), ("tensor tape (one batched episode)", t_tensor),
-                     ("emitted C (gcc -O2, loop in C)", t_c)):
+    for label, t in (("scalar tape (one episode per row)", t_scalar),
+                     ("tensor tape (one batched episode)", t_tensor),
+                     ("emitted C, one ctypes call per row", t_ffi),
+                     ("emitted C (gcc -O2), loop in C", t_c)):
         print(f"| {label:<42} | {t * 1e6:>9.3f} | {t / t_c:>11.1f} |")
 
 

@@ -85,7 +85,6 @@ class Program:
         self.backend, self.dtype, self.fuse = backend, dtype, fuse
         self._tape = weakref.ref(tape)
         n = len(tape)
-        self.loss = self.loss_id
         self.nodes = [(nd.op, nd.a, nd.b, nd.s) for nd in tape._nodes]
         self.epochs = [nd.epoch for nd in tape._nodes]
         self.shapes = shapes
@@ -107,7 +106,7 @@ class Program:
             else:
                 self.val[k] = aligned_empty(self.shapes[k], dtype)
         self._schedule()
-        self.grad = [aligned_empty(self.shapes[k], dtype) if k in self.reached else None for k in range(n)]
+        self.grads = [aligned_empty(self.shapes[k], dtype) if k in self.reached else None for k in range(n)]
         self._zeros = {}
         self.opt = None
         if backend == "numpy":
@@ -125,10 +124,10 @@ class Program:
         ones are added.
         """
         nodes, req = self.nodes, self.req
-        reached = {self.loss}
+        reached = {self.loss_id}
         seen = set()
         sched = []
-        for k in range(self.loss, -1, -1):
+        for k in range(self.loss_id, -1, -1):
             if k not in reached:
                 continue
             op, a, b, s = nodes[k]
@@ -194,7 +193,7 @@ class Program:
         """Recompute every node's value; returns the loss (a read-only 0-d/1-element view)."""
         self._ready("forward")
         self.runner.forward()
-        return self.loss_value()
+        return self.loss()
 
     def backward(self):
         """Gradients of the loss w.r.t. every reached node (overwritten, as one tape backward per episode)."""
@@ -232,12 +231,13 @@ class Program:
                 self.set_input(var, array)
         self._ready("episode")
         self.runner.episode()
-        return float(self.val[self.loss].reshape(-1)[0])
+        return float(self.val[self.loss_id].reshape(-1)[0])
 
     # ── reading ──────────────────────────────────────────────────────────────
 
-    def loss_value(self):
-        return _ro(self.val[self.loss])
+    def loss(self):
+        """The loss value of the last forward: a read-only view (one element)."""
+        return _ro(self.val[self.loss_id])
 
     def value(self, var):
         """A read-only view of a node's value in the program."""
@@ -250,7 +250,7 @@ class Program:
         return _ro(g)
 
     def grad_buf(self, i):
-        g = self.grad[i]
+        g = self.grads[i]
         if g is None:
             key = self.shapes[i]
             g = self._zeros.get(key)
@@ -309,7 +309,7 @@ class Program:
     def hash64(self):
         """A content hash of the program (graph, shapes, dtype, loss, optimizer config): stable across runs."""
         h = hashlib.blake2b(digest_size=8)
-        h.update(repr((str(self.dtype), self.loss)).encode())
+        h.update(repr((str(self.dtype), self.loss_id)).encode())
         for (op, a, b, s), shape in zip(self.nodes, self.shapes):
             h.update(repr((op.name, a, b, s, shape)).encode())
         if self.opt is not None:
@@ -328,7 +328,7 @@ class Program:
 
     def __repr__(self):
         return (f"<Program {self.backend} {self.dtype} nodes={len(self.nodes)} params={len(self.params)} "
-                f"consts={len(self.consts)} loss=node {self.loss}>")
+                f"consts={len(self.consts)} loss=node {self.loss_id}>")
 
 
 def _shapes(tape):

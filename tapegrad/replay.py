@@ -86,7 +86,7 @@ class NumpyRunner:
     def __init__(self, prog):
         self.p = prog
         self.ws = Scratch(prog.dtype)
-        self.seed = np.ones(prog.shapes[prog.loss], prog.dtype)
+        self.seed = np.ones(prog.shapes[prog.loss_id], prog.dtype)
         self.opt_bufs = None
 
     def forward(self):
@@ -101,7 +101,7 @@ class NumpyRunner:
     def backward(self):
         p, ws = self.p, self.ws
         val, grad, nodes = p.val, p.grad, p.nodes
-        np.copyto(grad[p.loss], self.seed)
+        np.copyto(grad[p.loss_id], self.seed)
         for k, to_a, first_a, to_b, first_b in p.sched:
             op, a, b, s = nodes[k]
             ws.begin(-1 - k)
@@ -114,7 +114,7 @@ class NumpyRunner:
         ws.pack()
 
     def _acc(self, j, c, first):
-        buf = self.p.grad[j]
+        buf = self.p.grads[j]
         if c.shape != buf.shape:
             c = unbroadcast(c, buf.shape, self.ws)
         if first:
@@ -134,7 +134,7 @@ class NumpyRunner:
         for k, i in enumerate(o.ids):
             if not o.touched[k]:
                 continue
-            w, g = p.val[i], p.grad[i]
+            w, g = p.val[i], p.grads[i]
             gt, t, u = self.opt_bufs[k]
             if o.l2[k]:
                 l2_grad(g, w, o.l2[k], gt)

@@ -246,7 +246,7 @@ class Emitter:
 
     def backward_body(self):
         p = self.p
-        body = [f"for (long i = 0; i < {self.n(p.loss)}L; i++) g{p.loss}[i] = {self.d.lit(1.0)};"]
+        body = [f"for (long i = 0; i < {self.n(p.loss_id)}L; i++) g{p.loss_id}[i] = {self.d.lit(1.0)};"]
         for seg in self.segb:
             if len(seg) > 1 or p.nodes[seg[0][0]][0].kind == "elementwise":
                 body += self.ew_backward(seg)

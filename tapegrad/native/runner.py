@@ -59,8 +59,8 @@ class NativeRunner:
         for k in range(len(p.nodes)):
             self._add(("v", k), p.val[k])
         for k in range(len(p.nodes)):
-            if p.grad[k] is not None:
-                self._add(("g", k), p.grad[k])
+            if p.grads[k] is not None:
+                self._add(("g", k), p.grads[k])
         big = max([math.prod(s) for s in p.shapes] + [1])
         for j in range(3):
             self._add(("S", j), aligned_empty((big,), p.dtype))
@@ -138,7 +138,7 @@ class NativeRunner:
             gt = aligned_empty(p.shapes[i], p.dtype)
             mu = o.mu[k] if o.mu else aligned_empty(p.shapes[i], p.dtype)
             nu = o.nu[k] if o.nu else aligned_empty(p.shapes[i], p.dtype)
-            gbuf = p.grad[i] if p.grad[i] is not None else p.grad_buf(i)
+            gbuf = p.grads[i] if p.grads[i] is not None else p.grad_buf(i)
             row = []
             for arr in (p.val[i], gbuf, gt, mu, nu):
                 j = len(self.bufs)
@@ -166,7 +166,7 @@ class NativeRunner:
             "params": [(_addr(p.val[k]), p.shapes[k]) for k in p.params],
             "inputs": [(_addr(p.val[k]), p.shapes[k]) for k in p.consts],
             "grads": [(_addr(p.grad_buf(k)), p.shapes[k]) for k in p.params],
-            "loss": _addr(p.val[p.loss]),
+            "loss": _addr(p.val[p.loss_id]),
             "dtype": str(p.dtype),
             "opt_state": state,
             "step_scalars": _addr(self.sc),

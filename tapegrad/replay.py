@@ -100,7 +100,7 @@ class NumpyRunner:
 
     def backward(self):
         p, ws = self.p, self.ws
-        val, grad, nodes = p.val, p.grad, p.nodes
+        val, grad, nodes = p.val, p.grads, p.nodes
         np.copyto(grad[p.loss_id], self.seed)
         for k, to_a, first_a, to_b, first_b in p.sched:
             op, a, b, s = nodes[k]

@@ -73,9 +73,9 @@ def literal(x, dialect="c"):
 
 
 # ── the registry's C expressions: a tiny parser (numbers, names, calls, unary −, * / + −,
-#    comparisons, ?:) so the cuda dialect can spell every rounding step as an intrinsic ───────────
+#    comparisons, || &&, ?:) so the cuda dialect can spell every rounding step as an intrinsic ───────────
 
-_TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)|([A-Za-z_]\w*)|(>=|<=|==|!=|[-+*/()?:,<>]))")
+_TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+)|([A-Za-z_]\w*)|(>=|<=|==|!=|\|\||&&|[-+*/()?:,<>]))")
 _INTRINSIC = {"+": "__dadd_rn", "-": "__dsub_rn", "*": "__dmul_rn", "/": "__ddiv_rn"}
 _CMP = (">", "<", ">=", "<=", "==", "!=")
 
@@ -97,6 +97,8 @@ def parse(text):
 
     >>> parse("g * (1.0 - out)")
     ('bin', '*', ('name', 'g'), ('bin', '-', ('num', '1.0'), ('name', 'out')))
+    >>> parse("a > b || a != a ? a : b")[1]
+    ('bin', '||', ('bin', '>', ('name', 'a'), ('name', 'b')), ('bin', '!=', ('name', 'a'), ('name', 'a')))
     """
     toks = _tokens(text)
     pos = 0
@@ -113,13 +115,19 @@ def parse(text):
         return tok
 
     def cond():
-        c = compare()
+        c = logical("||", lambda: logical("&&", compare))
         if peek() != "?":
             return c
         take("?")
         x = cond()
         take(":")
         return ("cond", c, x, cond())
+
+    def logical(op, operand):
+        x = operand()
+        while peek() == op:
+            x = ("bin", take(), x, operand())
+        return x
 
     def compare():
         x = additive()
@@ -186,6 +194,8 @@ def _cuda(tree, env):
     op, x, y = tree[1:]
     if op in _CMP:
         return f"{_cuda(x, env)} {op} {_cuda(y, env)}"
+    if op in ("||", "&&"):
+        return f"({_cuda(x, env)} {op} {_cuda(y, env)})"
     return f"{_INTRINSIC[op]}({_cuda(x, env)}, {_cuda(y, env)})"
 
 

@@ -1,0 +1,318 @@
+"""Captured programs as XLA custom calls: ``program_call`` (differentiable loss) and ``program_episode``.
+
+The native path is one small C file, ``_capi/tg_xla.c``, written against ``xla/ffi/api/c_api.h``
+only. Its source (with the header pasted in, so the header's version is part of the cache key) is
+compiled by tapegrad's content-hashed build cache (``tapegrad.native.build``) and registered with XLA
+after ``jax.devices()`` under target names carrying the source hash. A program is loaded into the
+handler's native table under ``program.hash64``; the HLO carries only that hash (attribute ``prog``).
+
+Without a C compiler (or for a NumPy-backend program) the same functions run the program through
+``interop.callback`` (zero-copy host callback) with the same results: both paths copy the operands
+into the program's slots, run the program's own code, and copy the results out.
+"""
+import ctypes
+import hashlib
+import os
+import threading
+
+import numpy as np
+
+from ._jax import jax, jnp
+from .callback import host_call
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_LOCK = threading.Lock()
+_LIB = {}
+_PINNED = {}       # hash64 -> what the native table points into (kept alive for the process)
+TARGETS = ("value", "value_and_grad", "episode")
+
+
+class ProgramError(ValueError):
+    """A program call with the wrong arguments (count, shape, dtype) or a program that cannot be used."""
+
+
+# ── the native library ───────────────────────────────────────────────────────
+
+def _source():
+    with open(os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")) as f:
+        header = f.read()
+    with open(os.path.join(_HERE, "_capi", "tg_xla.c")) as f:
+        body = f.read()
+    return header + "\n" + body
+
+
+def native_library():
+    """``(ctypes.CDLL, {kind: target name})`` of the registered FFI handlers, or None without a compiler.
+
+    Built once per process through tapegrad's build cache; registered with XLA for the CPU platform
+    only after the backend exists (``jax.devices()``), as research/interop.md §3 requires.
+    """
+    with _LOCK:
+        if "lib" in _LIB:
+            return _LIB["lib"]
+        try:
+            from tapegrad.errors import BuildError
+            from tapegrad.native import build
+            src = _source()
+            path = build.build(src, name="tg_xla")
+        except (ImportError, BuildError, OSError) as e:
+            _LIB["lib"], _LIB["why"] = None, f"{type(e).__name__}: {e}"
+            return None
+        lib = ctypes.CDLL(path)
+        lib.tg_load.argtypes, lib.tg_load.restype = [ctypes.c_void_p], ctypes.c_int
+        lib.tg_unload.argtypes, lib.tg_unload.restype = [ctypes.c_int64], ctypes.c_int
+        jax.devices()
+        h8 = hashlib.sha256(src.encode()).hexdigest()[:8]
+        names = {}
+        for kind in TARGETS:
+            names[kind] = f"tapegrad_{kind}_{h8}"
+            jax.ffi.register_ffi_target(names[kind], jax.ffi.pycapsule(getattr(lib, "tg_" + kind)), platform="cpu")
+        _LIB["lib"] = (lib, names)
+        return _LIB["lib"]
+
+
+def load(program):
+    """Put ``program`` into the native table under ``program.hash64`` (idempotent); returns the hash.
+
+    The program and the buffers its ABI names are pinned for the life of the process: a jitted
+    executable may call the hash at any later time.
+    """
+    lib = native_library()
+    if lib is None:
+        raise ProgramError(f"load: the native FFI handler is unavailable ({_LIB.get('why')})")
+    abi = program.native_abi()
+    h = program.hash64
+    es = np.dtype(abi["dtype"]).itemsize
+    slots = abi["params"] + abi["grads"] + abi["inputs"] + abi["opt_state"]
+    desc = [_i64(h), abi["forward"], abi["backward"], abi["episode"], abi["ctx"], abi["loss"],
+            abi["step_scalars"], es, len(abi["params"]), len(abi["inputs"]), len(abi["opt_state"])]
+    for ptr, shape in slots:
+        desc += [ptr, int(np.prod(shape))]
+    arr = np.array(desc, np.int64)
+    if lib[0].tg_load(arr.ctypes.data) != 0:
+        raise MemoryError("load: tg_load could not allocate its table entry")
+    _PINNED[h] = (program, program.opt, program.runner)
+    return h
+
+
+def unload(program_or_hash):
+    """Drop a program from the native table: later calls to it fail with an XLA error (not a crash)."""
+    h = program_or_hash if isinstance(program_or_hash, int) else program_or_hash.hash64
+    lib = native_library()
+    found = bool(lib and lib[0].tg_unload(_i64(h)))
+    return found
+
+
+def _i64(h):
+    return h - (1 << 64) if h >= 1 << 63 else h
+
+
+# ── signatures ───────────────────────────────────────────────────────────────
+
+class _Sig:
+    """The shapes of a program's slots (params, inputs, opt_state) and its dtype."""
+
+    def __init__(self, program):
+        self.program = program
+        self.dtype = np.dtype(program.dtype)
+        self.params = [tuple(program.shapes[k]) for k in program.params]
+        self.inputs = [tuple(program.shapes[k]) for k in program.consts]
+        opt = program.opt
+        self.state = []
+        if opt is not None and opt.kind == "Adam":
+            for k in opt.ids:
+                self.state += [tuple(program.shapes[k])] * 2
+
+    def check(self, who, groups):
+        for name, want, got in groups:
+            if len(got) != len(want):
+                raise ProgramError(f"{who}: expected {len(want)} {name} arrays {want}, got {len(got)}")
+            for k, (s, x) in enumerate(zip(want, got)):
+                aval = jax.typeof(x)
+                if tuple(aval.shape) != s:
+                    raise ProgramError(f"{who}: {name}[{k}] must have shape {s} (the captured shape), got "
+                                       f"{tuple(aval.shape)}")
+                if np.dtype(aval.dtype) != self.dtype:
+                    raise ProgramError(f"{who}: {name}[{k}] must be {self.dtype} (the program's dtype), got "
+                                       f"{aval.dtype}")
+
+
+def _spec(args, shape, dtype):
+    """A result type carrying the widest shard_map vma among ``args`` (research/interop.md §4)."""
+    best = max(args, key=lambda x: len(getattr(jax.typeof(x), "vma", ()) or ()))
+    return jax.typeof(best).update(shape=tuple(shape), dtype=dtype, weak_type=False)
+
+
+# ── host (callback) implementations: the same copy-in/run/copy-out on the Program's Python API ──
+
+def _host_value(program, grads):
+    def run(outs, *xs):
+        np_, p = len(program.params), program
+        for b in range(outs[0].size):
+            for k, x in zip(p.params + p.consts, xs):
+                n = p.val[k].size
+                np.copyto(p.val[k].reshape(-1), x.reshape(-1)[b * n:(b + 1) * n])
+            p.runner.forward()
+            outs[0].reshape(-1)[b] = p.val[p.loss_id].reshape(-1)[0]
+            if grads:
+                p.runner.backward()
+                for o, k in zip(outs[1:1 + np_], p.params):
+                    g = p.grad_buf(k)
+                    o.reshape(-1)[b * g.size:(b + 1) * g.size] = g.reshape(-1)
+    return run
+
+
+def _host_episode(program):
+    def run(outs, *xs):
+        p, o = program, program.opt
+        np_ = len(p.params)
+        ns = 2 * len(o.ids) if o.kind == "Adam" else 0
+        state = [a for pair in zip(o.mu, o.nu) for a in pair] if ns else []
+        for k, x in zip(p.params, xs[:np_]):
+            np.copyto(p.val[k], x)
+        for s, x in zip(state, xs[np_:np_ + ns]):
+            np.copyto(s, x)
+        o.count = int(xs[np_ + ns])
+        p.runner.push_count()
+        for k, x in zip(p.consts, xs[np_ + ns + 1:]):
+            np.copyto(p.val[k], x)
+        p.runner.episode()
+        p.runner.pull_count()
+        outs[0][...] = p.val[p.loss_id].reshape(())
+        for out, k in zip(outs[1:1 + np_], p.params):
+            np.copyto(out, p.val[k])
+        for out, s in zip(outs[1 + np_:1 + np_ + ns], state):
+            np.copyto(out, s)
+        outs[-1][...] = o.count
+    return run
+
+
+# ── public API ───────────────────────────────────────────────────────────────
+
+def _mode(program, native):
+    if native is None:
+        native = program.backend == "native" and native_library() is not None
+    if native:
+        if program.backend != "native":
+            raise ProgramError("native=True needs a program captured with backend='native'")
+        if native_library() is None:
+            raise ProgramError(f"native=True: the FFI handler cannot be built ({_LIB.get('why')})")
+        load(program)
+    return native
+
+
+def program_call(program, *, native=None):
+    """A jittable, differentiable JAX function ``(*params, *inputs) -> loss`` running ``program``.
+
+    ``params`` are the program's parameters and ``inputs`` its constants, each in registration
+    order, with the captured shapes and the program's dtype. Under ``jax.grad`` one custom call runs
+    forward + backward and returns the loss with the parameter gradients as residuals; the backward
+    rule scales them by the loss cotangent. Constants have no gradient on the tape: differentiating
+    with respect to an input raises. Under ``vmap`` every operand is broadcast to the batch and the
+    handler loops over it; under ``shard_map`` each shard runs its own call.
+
+    ``native``: None (the FFI handler when the program is native and a compiler exists, else the
+    zero-copy host callback), True or False to force one.
+    """
+    native = _mode(program, native)
+    sig = _Sig(program)
+    np_ = len(sig.params)
+    if native:
+        names = native_library()[1]
+        h = _i64(program.hash64)
+
+    def call(grads, xs):
+        specs = [_spec(xs, (), sig.dtype)]
+        if grads:
+            specs += [_spec(xs, s, sig.dtype) for s in sig.params]
+        if native:
+            kind = "value_and_grad" if grads else "value"
+            return tuple(jax.ffi.ffi_call(names[kind], specs, vmap_method="broadcast_all")(*xs, prog=np.int64(h)))
+        return host_call(_host_value(program, grads), specs, *xs, vmap_method="sequential")
+
+    def check(xs):
+        sig.check("program_call", [("params", sig.params, xs[:np_]), ("inputs", sig.inputs, xs[np_:])])
+
+    @jax.custom_vjp
+    def f(*xs):
+        return call(False, xs)[0]
+
+    def fwd(*xs):
+        loss, *g = call(True, tuple(x.value for x in xs))
+        for k, x in enumerate(xs[np_:]):
+            if x.perturbed:
+                raise ProgramError(f"program_call: cannot differentiate with respect to inputs[{k}]: it is a "
+                                   f"constant of the captured program (no gradient is recorded for it)")
+        return loss, tuple(g)
+
+    def bwd(g, ct):
+        return tuple(ct * gk for gk in g) + tuple(jnp.zeros(s, sig.dtype) for s in sig.inputs)
+
+    f.defvjp(fwd, bwd, symbolic_zeros=True)
+
+    def run(*xs):
+        xs = tuple(jnp.asarray(x) for x in xs)
+        check(xs)
+        return f(*xs)
+
+    run.program, run.native = program, native
+    return run
+
+
+def program_episode(program, *, native=None):
+    """One XLA custom call doing forward + backward + the attached optimizer's step, state explicit.
+
+    Returns ``step(params, opt_state, count, inputs) -> (loss, params, opt_state, count)``: tuples of
+    arrays in registration order (``opt_state`` = mu_0, nu_0, mu_1, nu_1, … for Adam, empty for SGD);
+    ``count`` is the optimizer's step counter as a 0-d array of the program's dtype. Parameters,
+    state and count alias their outputs (``input_output_aliases``): inside
+    ``jax.jit(step, donate_argnums=(0, 1, 2))`` they are updated in place. ``episode_state(program)``
+    gives the initial ``(params, opt_state, count)``.
+    """
+    if program.opt is None:
+        raise ProgramError("program_episode: attach an optimizer first (program.attach(optimizer))")
+    native = _mode(program, native)
+    sig = _Sig(program)
+    np_, ns = len(sig.params), len(sig.state)
+    aliases = {k: k + 1 for k in range(np_ + ns + 1)}
+    if native:
+        names = native_library()[1]
+        h = _i64(program.hash64)
+
+    def step(params, opt_state, count, inputs):
+        params = tuple(jnp.asarray(x) for x in params)
+        opt_state = tuple(jnp.asarray(x) for x in opt_state)
+        inputs = tuple(jnp.asarray(x) for x in inputs)
+        count = jnp.asarray(count, sig.dtype)
+        sig.check("program_episode", [("params", sig.params, params), ("opt_state", sig.state, opt_state),
+                                      ("inputs", sig.inputs, inputs)])
+        xs = params + opt_state + (count,) + inputs
+        specs = [_spec(xs, (), sig.dtype)] + [_spec(xs, s, sig.dtype) for s in sig.params + sig.state]
+        specs.append(_spec(xs, (), sig.dtype))
+        if native:
+            out = jax.ffi.ffi_call(names["episode"], specs, input_output_aliases=aliases,
+                                   vmap_method="sequential")(*xs, prog=np.int64(h))
+        else:
+            out = host_call(_host_episode(program), specs, *xs, vmap_method="sequential",
+                            input_output_aliases=aliases)
+        return out[0], tuple(out[1:1 + np_]), tuple(out[1 + np_:1 + np_ + ns]), out[-1]
+
+    step.program, step.native = program, native
+    return step
+
+
+def episode_state(program):
+    """``(params, opt_state, count)`` as JAX arrays (copies) from the program's current buffers."""
+    o = program.opt
+    params = tuple(jnp.array(program.val[k]) for k in program.params)
+    state = tuple(jnp.array(a) for pair in zip(o.mu, o.nu) for a in pair) if o and o.kind == "Adam" else ()
+    count = o.count if o is not None else 0
+    if program.backend == "native" and o is not None:
+        program.runner.pull_count()
+        count = o.count
+    return params, state, jnp.asarray(count, program.dtype)
+
+
+def program_inputs(program):
+    """The program's current constant values (copies), in registration order: ``inputs`` for a call."""
+    return tuple(jnp.array(program.val[k]) for k in program.consts)

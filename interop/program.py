@@ -1,6 +1,6 @@
 """Captured programs as XLA custom calls: ``program_call`` (differentiable loss) and ``program_episode``.
 
-The native path is one small C file, ``_capi/tg_xla.c``, written against ``xla/ffi/api/c_api.h``
+The native path is one small C file, ``tg_xla.c`` (next to this module, shipped as package data), written against ``xla/ffi/api/c_api.h``
 only. Its source (with the header pasted in, so the header's version is part of the cache key) is
 compiled by tapegrad's content-hashed build cache (``tapegrad.native.build``) and registered with XLA
 after ``jax.devices()`` under target names carrying the source hash. A program is loaded into the
@@ -36,7 +36,7 @@ class ProgramError(ValueError):
 def _source():
     with open(os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")) as f:
         header = f.read()
-    with open(os.path.join(_HERE, "_capi", "tg_xla.c")) as f:
+    with open(os.path.join(_HERE, "tg_xla.c")) as f:
         body = f.read()
     return header + "\n" + body
 

@@ -137,9 +137,27 @@ class _Sig:
                                        f"{aval.dtype}")
 
 
+def _varying(x):
+    m = getattr(jax.typeof(x), "manual_axis_type", None)
+    return frozenset(m.varying) if m is not None else frozenset()
+
+
+def _align_varying(xs):
+    """Under ``shard_map``, cast every operand to the union of the operands' varying axes.
+
+    The cast sits *outside* the custom_vjp, so its transpose sums the cotangent of a replicated
+    parameter over the shards — the data-parallel gradient, with no explicit psum (research §4).
+    """
+    axes = frozenset().union(*map(_varying, xs)) if xs else frozenset()
+    if not axes:
+        return xs
+    return tuple(x if _varying(x) == axes else jax.lax.pcast(x, tuple(sorted(axes - _varying(x))), to="varying")
+                 for x in xs)
+
+
 def _spec(args, shape, dtype):
-    """A result type carrying the widest shard_map vma among ``args`` (research/interop.md §4)."""
-    best = max(args, key=lambda x: len(getattr(jax.typeof(x), "vma", ()) or ()))
+    """A result type with the operands' shard_map typing (research/interop.md §4)."""
+    best = max(args, key=lambda x: len(_varying(x)))
     return jax.typeof(best).update(shape=tuple(shape), dtype=dtype, weak_type=False)
 
 
@@ -246,14 +264,14 @@ def program_call(program, *, native=None):
         return loss, tuple(g)
 
     def bwd(g, ct):
-        return tuple(ct * gk for gk in g) + tuple(jnp.zeros(s, sig.dtype) for s in sig.inputs)
+        return tuple(ct * gk for gk in g) + (None,) * len(sig.inputs)  # None: a zero cotangent
 
     f.defvjp(fwd, bwd, symbolic_zeros=True)
 
     def run(*xs):
         xs = tuple(jnp.asarray(x) for x in xs)
         check(xs)
-        return f(*xs)
+        return f(*_align_varying(xs))
 
     run.program, run.native = program, native
     return run

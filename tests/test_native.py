@@ -1,0 +1,232 @@
+"""The native backend: per-op exactness tiers vs the tape, whole programs, the ABI, float32, the build cache."""
+import ctypes
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tapegrad as tg
+from tapegrad import ops as O
+from tapegrad.errors import BuildError
+from tapegrad.native import build
+
+from capture_util import batches, captured, eager, every_op_graph
+
+# The bound for ops whose tier is not IEEE-exact (registry ``tier``): per element,
+# |native − tape| <= ULPS · spacing(max(|native|, |tape|)) + ULPS · eps · max|tape| (the second term
+# covers results that cancel to near zero, e.g. a softmax gradient summing to 0).
+ULPS = {"libm": 8, "blas": 16}
+EPS = np.finfo(np.float64).eps
+
+
+def within(tier, got, want):
+    if tier in ("exact", "order"):
+        return np.array_equal(got, want)
+    k = ULPS[tier]
+    scale = np.max(np.abs(want)) if np.size(want) else 0.0
+    tol = k * np.spacing(np.maximum(np.abs(got), np.abs(want))) + k * EPS * scale
+    return bool(np.all(np.abs(got - want) <= tol))
+
+
+@pytest.fixture(scope="module")
+def all_cases():
+    """One tape holding every registry op on every one of its cases (one build for all of them)."""
+    rng = np.random.default_rng(7)
+    tape = tg.Tape()
+    items, loss = [], None
+    for op in O.OPS.values():
+        if not op.arity:
+            continue
+        for case in op.cases:
+            ash, bsh, s = case
+            a = tape.param(op.domain[0](rng, ash))
+            b = tape.param(op.domain[1](rng, bsh)) if op.arity == 2 else None
+            y = tape.apply(op, a, b, s)
+            term = (y * tape.const(rng.standard_normal(y.shape))).sum()
+            loss = term if loss is None else loss + term
+            items.append((op, case, a, b, y))
+    tape.backward(loss)
+    progs = {f: tg.capture(tape, loss, backend="native", fuse=f) for f in (False, True)}
+    for p in progs.values():
+        p.forward()
+        p.backward()
+    return tape, items, progs
+
+
+@pytest.mark.parametrize("op", [o for o in O.OPS.values() if o.arity], ids=lambda o: o.name)
+def test_native_op_matches_tape_within_its_tier(op, all_cases):
+    """exact/order ops: == (the C mirrors NumPy's arithmetic and its reduction order); libm and blas
+    ops: the ULPS bound above."""
+    tape, items, progs = all_cases
+    prog = progs[True]
+    for o, case, a, b, y in items:
+        if o is not op:
+            continue
+        assert within(op.tier, prog.value(y), tape.value(y)), (op.name, case, "value")
+        for v in (a, b) if b is not None else (a,):
+            assert within(op.tier, prog.grad(v), tape.grad(v)), (op.name, case, "grad")
+        for v in (y, a) + ((b,) if b is not None else ()):
+            assert np.array_equal(progs[False].value(v), prog.value(v))
+            assert np.array_equal(progs[False].grad(v), prog.grad(v))
+
+
+def test_every_op_graph_fused_equals_unfused_and_tape_within_bound():
+    tape, params, loss = every_op_graph()
+    tape.backward(loss)
+    progs = [tg.capture(tape, loss, backend="native", fuse=f) for f in (False, True)]
+    for p in progs:
+        p.forward()
+        p.backward()
+    assert progs[1].plan()["kernels_forward"] < progs[1].plan()["kernels_forward_unfused"]
+    for p in params:
+        assert np.array_equal(progs[0].grad(p), progs[1].grad(p))
+        assert within("libm", progs[1].grad(p), tape.grad(p))
+    assert within("libm", progs[1].loss(), tape.value(loss))
+
+
+SIZES = (8, 16, 16, 3)
+DATA = batches(SIZES, 12, 5)
+
+
+@pytest.mark.parametrize("opt", ["sgd_clip_seed", "adam_clip_optax", "adam_hat_clip_torch"])
+@pytest.mark.parametrize("act,loss", [("relu", "mse"), ("tanh", "xent")])
+def test_native_training_fused_equals_unfused_and_tracks_the_tape(opt, act, loss):
+    """relu + matmul + mse + any optimizer is IEEE-exact end to end: native == tape. With libm ops
+    (tanh, softmax cross-entropy) the trajectory stays within 1e-12 relative over 5 steps."""
+    want_losses, want_params, _ = eager(SIZES, DATA, opt, act, loss)
+    runs = []
+    for fuse in (False, True):
+        prog, tape, params, x, y, _ = captured(SIZES, DATA, opt, "native", act, loss, fuse=fuse)
+        losses = [prog.episode({x: xb, y: yb}) for xb, yb in DATA]
+        runs.append((losses, [prog.value(p).copy() for p in params], prog))
+    (l0, p0, g0), (l1, p1, g1) = runs
+    assert l0 == l1
+    assert all(np.array_equal(a, b) for a, b in zip(p0, p1))
+    assert g1.plan()["fused"]
+    if act == "relu" and loss == "mse":
+        assert l1 == want_losses
+        assert all(np.array_equal(a, b) for a, b in zip(p1, want_params))
+    else:
+        assert np.allclose(l1, want_losses, rtol=1e-12, atol=0)
+        for a, b in zip(p1, want_params):
+            assert np.allclose(a, b, rtol=1e-11, atol=1e-14)
+
+
+def test_native_step_scalars_are_computed_per_step_like_the_host():
+    prog, tape, params, x, y, opt = captured(SIZES, DATA, "adam", "native")
+    for xb, yb in DATA:
+        prog.episode({x: xb, y: yb})
+    sc = prog.runner.sc
+    assert sc[0] == len(DATA)
+    assert tuple(sc[1:4]) == opt.step_scalars(len(DATA))
+    prog.load_optimizer_state({**prog.optimizer_state(), "count": 100})
+    prog.step()
+    assert tuple(prog.runner.sc[1:4]) == opt.step_scalars(101)
+    assert prog.optimizer_state()["count"] == 101
+
+
+def test_native_abi_drives_an_episode_from_raw_pointers():
+    """What a C caller does: memcpy inputs into the slots, call episode(ctx), read the loss and grads."""
+    ref, _, _, rx, ry, _ = captured(SIZES, DATA, "adam_clip_optax", "native")
+    prog, tape, params, x, y, _ = captured(SIZES, DATA, "adam_clip_optax", "native")
+    abi = prog.native_abi()
+    assert set(abi) >= {"forward", "backward", "episode", "ctx", "params", "inputs", "grads", "loss", "dtype",
+                        "opt_state", "step_scalars"}
+    assert abi["dtype"] == "float64" and len(abi["params"]) == 6 and len(abi["inputs"]) == 2
+    assert len(abi["opt_state"]) == 12 and all(p % 64 == 0 for p, _ in abi["params"] + abi["inputs"])
+    episode = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(abi["episode"])
+    for xb, yb in DATA:
+        for (ptr, shape), arr in zip(abi["inputs"], (xb, yb)):
+            assert shape == arr.shape
+            ctypes.memmove(ptr, np.ascontiguousarray(arr).ctypes.data, arr.nbytes)
+        episode(abi["ctx"])
+        assert ctypes.c_double.from_address(abi["loss"]).value == ref.episode({rx: xb, ry: yb})
+    assert ctypes.c_double.from_address(abi["step_scalars"]).value == len(DATA)
+    ptr, shape = abi["grads"][2]
+    got = np.ctypeslib.as_array((ctypes.c_double * int(np.prod(shape))).from_address(ptr)).reshape(shape)
+    assert np.array_equal(got, prog.grad(params[2]))
+    for (ptr, shape), p in zip(abi["params"], params):
+        got = np.ctypeslib.as_array((ctypes.c_double * int(np.prod(shape))).from_address(ptr)).reshape(shape)
+        assert np.array_equal(got, prog.value(p))
+    assert prog.hash64 == ref.hash64
+
+
+def test_native_float32_within_the_stated_bound():
+    """float32 native program vs the float64 tape, 5 Adam steps: |Δloss| <= 1e-5·max(1, |loss|)."""
+    want_losses, want_params, _ = eager(SIZES, DATA, "adam")
+    prog, tape, params, x, y, _ = captured(SIZES, DATA, "adam", "native", dtype="float32")
+    got = [prog.episode({x: xb, y: yb}) for xb, yb in DATA]
+    assert prog.native_abi()["dtype"] == "float32"
+    for g, w in zip(got, want_losses):
+        assert abs(g - w) <= 1e-5 * max(1.0, abs(w))
+    for p, w in zip(params, want_params):
+        assert np.max(np.abs(prog.value(p) - w)) <= 1e-5 * max(1.0, np.max(np.abs(w)))
+
+
+# ── the build cache ──────────────────────────────────────────────────────────
+
+SRC = "int tg_probe(void) { return 42; }\n"
+
+
+def test_cache_hit_does_not_compile(tmp_path, monkeypatch):
+    monkeypatch.setenv(build.ENV, str(tmp_path))
+    path = build.build(SRC, "probe")
+    assert path.startswith(str(tmp_path)) and os.path.exists(path + ".sum")
+
+    def boom(*a, **k):
+        raise AssertionError("compiled again")
+    monkeypatch.setattr(build, "_compile", boom)
+    assert build.build(SRC, "probe") == path
+    assert build.load(path).tg_probe() == 42
+
+
+def test_corrupt_artifact_is_detected_and_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv(build.ENV, str(tmp_path))
+    path = build.build(SRC, "probe")
+    with open(path, "r+b") as f:
+        f.truncate(100)                      # a half-written library
+    assert not build._valid(path, path + ".sum")
+    assert build.build(SRC, "probe") == path
+    assert build._valid(path, path + ".sum")
+    os.unlink(path + ".sum")                 # no checksum: rebuilt too
+    assert build.build(SRC, "probe") == path and build._valid(path, path + ".sum")
+
+
+def test_concurrent_builds_from_several_processes(tmp_path):
+    code = ("import sys; from tapegrad.native import build; "
+            "src = 'int tg_probe(void) { return 7; }\\n' + '/* pad */\\n' * 5000; "
+            "p = build.build(src, 'race'); print(build.load(p).tg_probe())")
+    env = {**os.environ, build.ENV: str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    outs = [p.communicate(timeout=120)[0].strip() for p in procs]
+    assert outs == ["7"] * 4
+    libs = [f for f in os.listdir(tmp_path) if f.endswith(".so")]
+    assert len(libs) == 1 and not [f for f in os.listdir(tmp_path) if f.endswith((".tmp", ".c"))]
+
+
+def test_key_covers_source_flags_and_compiler(tmp_path, monkeypatch):
+    cc = build.find_compiler()
+    k = build.key_of(SRC, cc)
+    assert k != build.key_of(SRC + " ", cc)
+    monkeypatch.setattr(build, "FLAGS", build.FLAGS + ("-g",))
+    assert build.key_of(SRC, cc) != k
+    assert "-ffp-contract=off" in build.FLAGS and "-Werror" in build.FLAGS
+
+
+def test_missing_compiler_is_a_clear_error_and_numpy_still_works(tmp_path, monkeypatch):
+    monkeypatch.setenv(build.ENV, str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    tape = tg.Tape()
+    w = tape.param(np.ones(3))
+    loss = (w * w).sum()
+    with pytest.raises(BuildError, match=r"no C compiler found \(looked for cc, gcc, clang on PATH="):
+        tg.capture(tape, loss, backend="native")
+    monkeypatch.setenv("CC", "no-such-cc")
+    with pytest.raises(BuildError, match="looked for no-such-cc"):
+        tg.capture(tape, loss, backend="native")
+    prog = tg.capture(tape, loss)
+    assert float(prog.forward()) == 3.0

@@ -260,6 +260,8 @@ TG_FN void tg_opt_step(void **T)
         real *w = TG_B(p[0]), *g = TG_B(p[1]), *gt = TG_B(p[2]);
         long n = (long)p[5];
         double l2 = cfg[16 + k];
+        if (l2 == 0.0 && maxn <= 0.0)
+            continue;   /* the update reads g itself (see below): no copy */
         if (l2 != 0.0) {
             real l = (real)l2;
             for (long i = 0; i < n; i++) {
@@ -312,7 +314,8 @@ TG_FN void tg_opt_step(void **T)
         const long long *p = pi + 8 * k;
         if (!p[6])
             continue;
-        real *restrict w = TG_B(p[0]), *restrict gt = TG_B(p[2]);
+        real *restrict w = TG_B(p[0]);
+        const real *restrict gt = (cfg[16 + k] == 0.0 && maxn <= 0.0) ? TG_B(p[1]) : TG_B(p[2]);
         long n = (long)p[5];
         if (kind == 1) {
             real l = (real)lr;

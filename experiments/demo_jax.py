@@ -37,17 +37,17 @@ def _episode(ctx, interop):
     shapes = [prog.shapes[k] for k in prog.consts]
     if shapes != [xb.shape, yb.shape]:
         raise RuntimeError(f"demo_jax: expected the model's constants to be (xb, yb), got shapes {shapes}")
-    step = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1, 2))
-    state = interop.episode_state(prog)
+    step = jax.jit(interop.program_episode(prog, flat=True), donate_argnums=0)
+    state = interop.episode_state(prog, flat=True)
     losses, t = [], []
     for xb, yb in ctx.batches:
         x, y = jnp.asarray(xb), jnp.asarray(yb)
         t0 = time.perf_counter()
-        loss, *state = step(*state, (x, y))
+        loss, state = step(state, (x, y))
         loss.block_until_ready()
         t.append(time.perf_counter() - t0)
         losses.append(float(loss))
-    params = [np.asarray(p) for p in state[0]]
+    params = [np.asarray(p) for p in interop.unflatten_state(prog, state)[0]]
     return ("native FFI" if step.native else "callback"), losses, np.median(t[1:]) * 1e6, params
 
 

@@ -19,6 +19,8 @@ __all__ += ["TransformError", "jax_function"]
 from .oracle import Divergence, GradReport, UnsupportedPrimitiveError, check_grads
 
 __all__ += ["Divergence", "GradReport", "UnsupportedPrimitiveError", "check_grads"]
-from .program import ProgramError, episode_state, program_call, program_episode, program_inputs
+from .program import (ProgramError, episode_state, program_call, program_episode, program_inputs,
+                      unflatten_state)
 
-__all__ += ["ProgramError", "episode_state", "program_call", "program_episode", "program_inputs"]
+__all__ += ["ProgramError", "episode_state", "program_call", "program_episode", "program_inputs",
+            "unflatten_state"]

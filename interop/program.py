@@ -24,7 +24,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _LOCK = threading.Lock()
 _LIB = {}
 _PINNED = {}       # hash64 -> what the native table points into (kept alive for the process)
-TARGETS = ("value", "value_and_grad", "episode")
+TARGETS = ("value", "value_and_grad", "episode", "episode_flat")
 
 
 class ProgramError(ValueError):
@@ -180,8 +180,18 @@ def _host_value(program, grads):
     return run
 
 
-def _host_episode(program):
+def _host_episode(program, flat=False):
     def run(outs, *xs):
+        if flat:  # unpack [params | state | count] into the separate layout, run, pack the results
+            sizes = _flat_sizes(program)
+            parts = np.split(xs[0], np.cumsum(sizes)[:-1])
+            sig = _Sig(program)
+            xs = tuple(a.reshape(sh) for a, sh in zip(parts, sig.params + sig.state + [()])) + tuple(xs[1:])
+            res = [np.empty(sh, sig.dtype) for sh in [()] + sig.params + sig.state + [()]]
+            _host_episode(program)(res, *xs)
+            outs[0][...] = res[0]
+            np.concatenate([r.reshape(-1) for r in res[1:]], out=outs[1])
+            return
         p, o = program, program.opt
         np_ = len(p.params)
         ns = 2 * len(o.ids) if o.kind == "Adam" else 0
@@ -277,7 +287,7 @@ def program_call(program, *, native=None):
     return run
 
 
-def program_episode(program, *, native=None):
+def program_episode(program, *, flat=False, native=None):
     """One XLA custom call doing forward + backward + the attached optimizer's step, state explicit.
 
     Returns ``step(params, opt_state, count, inputs) -> (loss, params, opt_state, count)``: tuples of
@@ -286,6 +296,11 @@ def program_episode(program, *, native=None):
     state and count alias their outputs (``input_output_aliases``): inside
     ``jax.jit(step, donate_argnums=(0, 1, 2))`` they are updated in place. ``episode_state(program)``
     gives the initial ``(params, opt_state, count)``.
+
+    ``flat=True``: ``step(state, inputs) -> (loss, state)`` with the whole state in one vector
+    ``[params | opt_state | count]`` (``episode_state(program, flat=True)``; split it with
+    ``unflatten_state``). One donated operand instead of 2·#params+1 costs XLA less per call
+    (``jax.jit(step, donate_argnums=0)``).
     """
     if program.opt is None:
         raise ProgramError("program_episode: attach an optimizer first (program.attach(optimizer))")
@@ -296,6 +311,26 @@ def program_episode(program, *, native=None):
     if native:
         names = native_library()[1]
         h = _i64(program.hash64)
+
+    if flat:
+        total = sum(_flat_sizes(program))
+
+        def flat_step(state, inputs):
+            state = jnp.asarray(state)
+            inputs = tuple(jnp.asarray(x) for x in inputs)
+            sig.check("program_episode", [("state", [(total,)], (state,)), ("inputs", sig.inputs, inputs)])
+            xs = (state,) + inputs
+            specs = [_spec(xs, (), sig.dtype), _spec(xs, (total,), sig.dtype)]
+            if native:
+                out = jax.ffi.ffi_call(names["episode_flat"], specs, input_output_aliases={0: 1},
+                                       vmap_method="sequential")(*xs, prog=np.int64(h))
+            else:
+                out = host_call(_host_episode(program, flat=True), specs, *xs, vmap_method="sequential",
+                                input_output_aliases={0: 1})
+            return out[0], out[1]
+
+        flat_step.program, flat_step.native = program, native
+        return flat_step
 
     def step(params, opt_state, count, inputs):
         params = tuple(jnp.asarray(x) for x in params)
@@ -319,8 +354,28 @@ def program_episode(program, *, native=None):
     return step
 
 
-def episode_state(program):
-    """``(params, opt_state, count)`` as JAX arrays (copies) from the program's current buffers."""
+def _flat_sizes(program):
+    sig = _Sig(program)
+    return [int(np.prod(sh)) for sh in sig.params + sig.state] + [1]
+
+
+def unflatten_state(program, state):
+    """Split a flat episode state ``[params | opt_state | count]`` into ``(params, opt_state, count)``."""
+    sig = _Sig(program)
+    parts = jnp.split(jnp.asarray(state), np.cumsum(_flat_sizes(program))[:-1].tolist())
+    arrays = [a.reshape(sh) for a, sh in zip(parts, sig.params + sig.state + [()])]
+    n = len(sig.params)
+    return tuple(arrays[:n]), tuple(arrays[n:-1]), arrays[-1]
+
+
+def episode_state(program, flat=False):
+    """``(params, opt_state, count)`` as JAX arrays (copies) from the program's current buffers.
+
+    ``flat=True``: one vector ``[params | opt_state | count]`` for ``program_episode(flat=True)``.
+    """
+    if flat:
+        params, state, count = episode_state(program)
+        return jnp.concatenate([jnp.ravel(a) for a in params + state] + [jnp.reshape(count, (1,))])
     o = program.opt
     params = tuple(jnp.array(program.val[k]) for k in program.params)
     state = tuple(jnp.array(a) for pair in zip(o.mu, o.nu) for a in pair) if o and o.kind == "Adam" else ()

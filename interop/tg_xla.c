@@ -10,6 +10,7 @@
  *   tg_value           (params..., inputs...)                   -> (loss)
  *   tg_value_and_grad  (params..., inputs...)                   -> (loss, grads...)
  *   tg_episode         (params..., state..., count, inputs...)  -> (loss, params..., state..., count)
+ *   tg_episode_flat    (flat state [params|state|count], inputs...) -> (loss, flat state)
  * The episode's params/state/count results alias their operands (input_output_aliases).
  * A program's calls are serialised by its own mutex (shards may call it from several threads).
  */
@@ -139,8 +140,10 @@ static int64_t tg_elems(XLA_FFI_Buffer *b) {
 typedef struct { char msg[256]; tg_prog *p; } tg_call;
 
 /* Common prologue: metadata, stage, program lookup, arity. NULL on success (p set). */
-static XLA_FFI_Error *tg_begin(XLA_FFI_CallFrame *cf, const char *who, int64_t nargs, int64_t nrets,
-                               int want_episode, tg_call *c, int *meta) {
+enum { TG_VALUE, TG_VALUE_AND_GRAD, TG_EPISODE, TG_EPISODE_FLAT };
+
+static XLA_FFI_Error *tg_begin(XLA_FFI_CallFrame *cf, const char *who, int mode, tg_call *c, int *meta) {
+  c->p = NULL;
   *meta = tg_metadata(cf);
   if (*meta || cf->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;
   int64_t h;
@@ -156,10 +159,10 @@ static XLA_FFI_Error *tg_begin(XLA_FFI_CallFrame *cf, const char *who, int64_t n
     return tg_error(cf, XLA_FFI_Error_Code_FAILED_PRECONDITION, c->msg);
   }
   tg_prog *p = c->p;
-  int64_t a = want_episode ? 2 * p->np + 2 * p->ns + p->ni + 2 : p->np + p->ni;
-  if (nargs < 0) nargs = want_episode ? p->np + p->ns + 1 + p->ni : p->np + p->ni;
-  if (nrets < 0) nrets = want_episode ? 1 + p->np + p->ns + 1 : 1 + p->np;
-  (void)a;
+  int64_t nargs = mode == TG_EPISODE ? p->np + p->ns + 1 + p->ni : mode == TG_EPISODE_FLAT ? 1 + p->ni
+                 : p->np + p->ni;
+  int64_t nrets = mode == TG_VALUE ? 1 : mode == TG_VALUE_AND_GRAD ? 1 + p->np : mode == TG_EPISODE_FLAT ? 2
+                 : 1 + p->np + p->ns + 1;
   if (cf->args.size != nargs || cf->rets.size != nrets) {
     snprintf(c->msg, sizeof c->msg, "%s: program %016llx takes %lld operands and gives %lld results, "
              "the call has %lld and %lld", who, (unsigned long long)p->hash, (long long)nargs,
@@ -195,7 +198,7 @@ static int64_t tg_batch(XLA_FFI_CallFrame *cf, const char *who, int64_t k, int64
 static XLA_FFI_Error *tg_run(XLA_FFI_CallFrame *cf, const char *who, int grads) {
   tg_call c;
   int meta;
-  XLA_FFI_Error *err = tg_begin(cf, who, -1, grads ? -1 : 1, 0, &c, &meta);
+  XLA_FFI_Error *err = tg_begin(cf, who, grads ? TG_VALUE_AND_GRAD : TG_VALUE, &c, &meta);
   if (err || meta || cf->stage != XLA_FFI_ExecutionStage_EXECUTE) return err;
   tg_prog *p = c.p;
   int64_t B = -1;
@@ -229,41 +232,57 @@ static XLA_FFI_Error *tg_run(XLA_FFI_CallFrame *cf, const char *who, int grads) 
 XLA_FFI_Error *tg_value(XLA_FFI_CallFrame *cf) { return tg_run(cf, "tg_value", 0); }
 XLA_FFI_Error *tg_value_and_grad(XLA_FFI_CallFrame *cf) { return tg_run(cf, "tg_value_and_grad", 1); }
 
-XLA_FFI_Error *tg_episode(XLA_FFI_CallFrame *cf) {
-  const char *who = "tg_episode";
+/* The episode, in two operand layouts: separate buffers (params..., state..., count, inputs...) ->
+ * (loss, params..., state..., count), or one flat state vector [params | state | count] (fewer
+ * operands: less dispatch work for XLA per call): (state, inputs...) -> (loss, state). */
+static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, int flat) {
   tg_call c;
   int meta;
-  XLA_FFI_Error *err = tg_begin(cf, who, -1, -1, 1, &c, &meta);
+  XLA_FFI_Error *err = tg_begin(cf, who, flat ? TG_EPISODE_FLAT : TG_EPISODE, &c, &meta);
   if (err || meta || cf->stage != XLA_FFI_ExecutionStage_EXECUTE) return err;
   tg_prog *p = c.p;
   int64_t np = p->np, ns = p->ns, ni = p->ni, es = p->esize;
-  for (int64_t k = 0; k < np + ns + 1 + ni; k++) {
-    int64_t n = k < np ? p->params[k].n : k < np + ns ? p->state[k - np].n : k == np + ns ? 1
-              : p->inputs[k - np - ns - 1].n;
-    const char *slot = k < np ? "params" : k < np + ns ? "opt_state" : k == np + ns ? "count" : "inputs";
-    int64_t j = k < np ? k : k < np + ns ? k - np : k == np + ns ? 0 : k - np - ns - 1;
+  int64_t total = 1;
+  for (int64_t k = 0; k < np; k++) total += p->params[k].n;
+  for (int64_t k = 0; k < ns; k++) total += p->state[k].n;
+  int64_t first_input = flat ? 1 : np + ns + 1;
+  if (flat && tg_batch(cf, who, 0, total, "flat state", 0, 1, &c) < 0)
+    return tg_error(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, c.msg);
+  for (int64_t k = flat ? first_input : 0; k < first_input + ni; k++) {
+    int64_t n = k >= first_input ? p->inputs[k - first_input].n : k < np ? p->params[k].n
+              : k < np + ns ? p->state[k - np].n : 1;
+    const char *slot = k >= first_input ? "inputs" : k < np ? "params" : k < np + ns ? "opt_state" : "count";
+    int64_t j = k >= first_input ? k - first_input : k < np ? k : k < np + ns ? k - np : 0;
     if (tg_batch(cf, who, k, n, slot, j, 1, &c) < 0)
       return tg_error(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, c.msg);
   }
   if (!p->episode) return tg_error(cf, XLA_FFI_Error_Code_UNIMPLEMENTED, "tg_episode: the program has no episode");
+  char *in = flat ? ((XLA_FFI_Buffer *)cf->args.args[0])->data : NULL;
+  char *out = flat ? ((XLA_FFI_Buffer *)cf->rets.rets[1])->data : NULL;
   pthread_mutex_lock(&p->mu);
-  for (int64_t k = 0; k < np; k++)
-    memcpy(p->params[k].ptr, ((XLA_FFI_Buffer *)cf->args.args[k])->data, p->params[k].n * es);
-  for (int64_t k = 0; k < ns; k++)
-    memcpy(p->state[k].ptr, ((XLA_FFI_Buffer *)cf->args.args[np + k])->data, p->state[k].n * es);
-  double count = es == 8 ? *(double *)((XLA_FFI_Buffer *)cf->args.args[np + ns])->data
-                         : (double)*(float *)((XLA_FFI_Buffer *)cf->args.args[np + ns])->data;
-  p->scalars[0] = count;
+  int64_t off = 0;
+  for (int64_t k = 0; k < np + ns; k++) {
+    tg_slot *s = k < np ? &p->params[k] : &p->state[k - np];
+    memcpy(s->ptr, flat ? in + off : ((XLA_FFI_Buffer *)cf->args.args[k])->data, s->n * es);
+    off += s->n * es;
+  }
+  char *cnt_in = flat ? in + off : ((XLA_FFI_Buffer *)cf->args.args[np + ns])->data;
+  p->scalars[0] = es == 8 ? *(double *)cnt_in : (double)*(float *)cnt_in;
   for (int64_t k = 0; k < ni; k++)
-    memcpy(p->inputs[k].ptr, ((XLA_FFI_Buffer *)cf->args.args[np + ns + 1 + k])->data, p->inputs[k].n * es);
+    memcpy(p->inputs[k].ptr, ((XLA_FFI_Buffer *)cf->args.args[first_input + k])->data, p->inputs[k].n * es);
   p->episode(p->ctx);
   memcpy(((XLA_FFI_Buffer *)cf->rets.rets[0])->data, p->loss, es);
-  for (int64_t k = 0; k < np; k++)
-    memcpy(((XLA_FFI_Buffer *)cf->rets.rets[1 + k])->data, p->params[k].ptr, p->params[k].n * es);
-  for (int64_t k = 0; k < ns; k++)
-    memcpy(((XLA_FFI_Buffer *)cf->rets.rets[1 + np + k])->data, p->state[k].ptr, p->state[k].n * es);
-  void *cnt = ((XLA_FFI_Buffer *)cf->rets.rets[1 + np + ns])->data;
+  off = 0;
+  for (int64_t k = 0; k < np + ns; k++) {
+    tg_slot *s = k < np ? &p->params[k] : &p->state[k - np];
+    memcpy(flat ? out + off : ((XLA_FFI_Buffer *)cf->rets.rets[1 + k])->data, s->ptr, s->n * es);
+    off += s->n * es;
+  }
+  char *cnt = flat ? out + off : ((XLA_FFI_Buffer *)cf->rets.rets[1 + np + ns])->data;
   if (es == 8) *(double *)cnt = p->scalars[0]; else *(float *)cnt = (float)p->scalars[0];
   pthread_mutex_unlock(&p->mu);
   return NULL;
 }
+
+XLA_FFI_Error *tg_episode(XLA_FFI_CallFrame *cf) { return tg_episode_impl(cf, "tg_episode", 0); }
+XLA_FFI_Error *tg_episode_flat(XLA_FFI_CallFrame *cf) { return tg_episode_impl(cf, "tg_episode_flat", 1); }

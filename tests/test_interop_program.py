@@ -160,6 +160,24 @@ def test_episode_in_jit_updates_in_place_and_matches_the_tape(backend):
         close(got, want, rtol=1e-11)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_flat_episode_equals_the_separate_layout(backend):
+    prog = build(backend, optimizer=True)
+    sep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1, 2))
+    flat = jax.jit(interop.program_episode(prog, flat=True), donate_argnums=0)
+    s1, s2 = interop.episode_state(prog), interop.episode_state(prog, flat=True)
+    for x, y in DATA[:4]:
+        l1, *s1 = sep(*s1, (jnp.asarray(x), jnp.asarray(y)))
+        before = s2.unsafe_buffer_pointer()
+        l2, s2 = flat(s2, (jnp.asarray(x), jnp.asarray(y)))
+        assert float(l1) == float(l2) and s2.unsafe_buffer_pointer() == before
+    p2, st2, c2 = interop.unflatten_state(prog, s2)
+    for a, b in zip(s1[0] + s1[1] + (s1[2],), p2 + st2 + (c2,)):
+        assert (np.asarray(a) == np.asarray(b)).all()
+    with pytest.raises(ProgramError, match=r"state\[0\] must have shape"):
+        flat(s2[:-1], (jnp.asarray(DATA[0][0]), jnp.asarray(DATA[0][1])))
+
+
 def test_episode_needs_an_optimizer():
     with pytest.raises(ProgramError, match="attach an optimizer"):
         interop.program_episode(PROGS[BACKENDS[0]])

@@ -75,3 +75,12 @@ def test_unsupported_primitives_are_all_named():
 def test_non_scalar_output_is_refused():
     with pytest.raises(ValueError, match="one scalar"):
         interop.check_grads(lambda x: x * 2, jnp.ones(3))
+
+
+def test_forward_divergence_is_located():
+    # The tape keeps float64 through a cast to float32 (documented); JAX rounds. Gradients agree
+    # (the cast's derivative is 1), but the forward values part at the cast: equation 0.
+    r = interop.check_grads(lambda x: (x.astype(jnp.float32).astype(jnp.float64) * 3.0).sum(), jnp.linspace(0.1, 1, 4))
+    assert r.ok
+    d = r.first_divergence
+    assert d.kind == "value" and d.index == 0 and "convert_element_type" in d.eqn and 1e-9 < d.max_rel < 1e-6

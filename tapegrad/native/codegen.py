@@ -36,7 +36,7 @@ def runtime_source():
         return f.read()
 
 
-def prologue(dtype):
+def prologue(dtype, blas_bits=32):
     f32 = str(dtype) == "float32"
     real = "float" if f32 else "double"
     suf = "f" if f32 else ""
@@ -49,9 +49,10 @@ def prologue(dtype):
         f"#define RLOG log{suf}",
         "#define TG_FN static __attribute__((unused))",
         f"#define TG_FIRST {FIRST}",
-        "typedef void (*tg_gemm_t)(char *, char *, int *, int *, int *, real *, real *, int *, real *, int *, "
-        "real *, real *, int *);",
-        "typedef real (*tg_dot_t)(int *, real *, int *, real *, int *);",
+        f"typedef {'long long' if blas_bits == 64 else 'int'} tg_bint;   /* the BLAS integer */",
+        "typedef void (*tg_gemm_t)(char *, char *, tg_bint *, tg_bint *, tg_bint *, real *, real *, tg_bint *, "
+        "real *, tg_bint *, real *, real *, tg_bint *);",
+        "typedef real (*tg_dot_t)(tg_bint *, real *, tg_bint *, real *, tg_bint *);",
         ""])
 
 
@@ -77,8 +78,8 @@ def _arr(vals, ctype="long"):
 class Emitter:
     """Prints one program. ``buf`` maps ("v", k) / ("g", k) / ("S", j) to buffer-table indices."""
 
-    def __init__(self, prog, buf, segments_fwd, segments_bwd):
-        self.p, self.buf = prog, buf
+    def __init__(self, prog, buf, segments_fwd, segments_bwd, blas_bits=32):
+        self.p, self.buf, self.blas_bits = prog, buf, blas_bits
         self.d = dialect(prog.dtype)
         self.segf, self.segb = segments_fwd, segments_bwd
         self.lines = []
@@ -91,7 +92,7 @@ class Emitter:
             if op.kind == "elementwise" and op.c_fwd is None:
                 raise TapeError(f"{at(op.name, k)}: the native backend has no C form of this elementwise op "
                                 f"(its registry entry lacks c_fwd); use backend='numpy'")
-        out = [prologue(p.dtype), runtime_source(), ""]
+        out = [prologue(p.dtype, self.blas_bits), runtime_source(), ""]
         out += self.function("tg_forward", self.forward_body())
         out += self.function("tg_backward", self.backward_body())
         out += ["void tg_step(void *ctx)", "{", "    tg_opt_step((void **)ctx);", "}", "",

@@ -17,6 +17,7 @@ write ``count`` there to restore a checkpoint, read it back after steps.
 """
 import ctypes
 import math
+import os
 
 import numpy as np
 
@@ -24,25 +25,65 @@ from .._arena import aligned_empty
 from . import build, codegen, fuse
 
 _BLAS = {}
+# Fortran BLAS symbols, most specific first, with their integer width (ILP64 builds take 64-bit ints).
+_SYMBOLS = (("scipy_{}_64_", 64), ("{}_64_", 64), ("scipy_{}_", 32), ("{}_", 32))
 
 
 def blas_pointers(dtype):
-    """Addresses of SciPy's Fortran BLAS gemm and dot for ``dtype`` (``scipy.linalg.cython_blas``)."""
-    key = str(dtype)
+    """(gemm address, dot address, BLAS integer bits, where from) for ``dtype``.
+
+    First choice: the OpenBLAS NumPy itself is linked against (found in this process's memory map),
+    so one process runs one BLAS thread pool and a program's GEMMs are the very kernels the tape's
+    ``np.matmul`` calls. Two OpenBLAS pools on two cores (NumPy's and SciPy's builds) were measured
+    slowing each other down 10-200x. Fallback, or with ``TAPEGRAD_BLAS=scipy``: the function pointers
+    SciPy exports for Cython (``scipy.linalg.cython_blas``).
+    """
+    key = np.dtype(dtype).name
     if key not in _BLAS:
-        try:
-            from scipy.linalg import cython_blas
-        except ImportError as e:   # pragma: no cover - scipy is a dependency of the native extra
-            from ..errors import BuildError
-            raise BuildError(f"native backend: scipy (for its BLAS) is missing: {e}; pip install scipy") from None
-        get_name = ctypes.pythonapi.PyCapsule_GetName
-        get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
-        get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
-        get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-        caps = cython_blas.__pyx_capi__
         pre = "s" if key == "float32" else "d"
-        _BLAS[key] = tuple(get_ptr(caps[pre + f], get_name(caps[pre + f])) for f in ("gemm", "dot"))
+        found = None if os.environ.get("TAPEGRAD_BLAS") == "scipy" else _numpy_blas(pre)
+        _BLAS[key] = found or _scipy_blas(pre)
     return _BLAS[key]
+
+
+def _numpy_blas(pre):
+    try:
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split()[-1] for line in f if "blas" in line.rsplit("/", 1)[-1].lower()})
+    except OSError:
+        return None
+    for path in paths:
+        if not os.path.exists(path) or "numpy" not in path:
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for pattern, bits in _SYMBOLS:
+            try:
+                gemm = getattr(lib, pattern.format(pre + "gemm"))
+                dot = getattr(lib, pattern.format(pre + "dot"))
+            except AttributeError:
+                continue
+            addr = lambda f: ctypes.cast(f, ctypes.c_void_p).value   # noqa: E731
+            return addr(gemm), addr(dot), bits, path
+    return None
+
+
+def _scipy_blas(pre):
+    try:
+        from scipy.linalg import cython_blas
+    except ImportError as e:   # pragma: no cover - scipy is a dependency of the native extra
+        from ..errors import BuildError
+        raise BuildError(f"native backend: no BLAS: NumPy's OpenBLAS was not found in this process and scipy "
+                         f"(for scipy.linalg.cython_blas) is missing: {e}; pip install scipy") from None
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_ptr = ctypes.pythonapi.PyCapsule_GetPointer
+    get_ptr.restype, get_ptr.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    caps = cython_blas.__pyx_capi__
+    gemm, dot = (get_ptr(caps[pre + f], get_name(caps[pre + f])) for f in ("gemm", "dot"))
+    return gemm, dot, 32, "scipy.linalg.cython_blas"
 
 
 def _addr(a):
@@ -65,7 +106,8 @@ class NativeRunner:
         for j in range(3):
             self._add(("S", j), aligned_empty((big,), p.dtype))
         self.fwd_segs, self.bwd_segs = fuse.plan(p, p.fuse)
-        self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs).emit()
+        self.blas = blas_pointers(p.dtype)
+        self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2]).emit()
         self.path = build.build(self.source)
         self.lib = build.load(self.path)
         self.sc = np.zeros(8, np.float64)
@@ -86,7 +128,7 @@ class NativeRunner:
         self.bufs.append(arr)
 
     def _fill_table(self):
-        gemm, dot = blas_pointers(self.p.dtype)
+        gemm, dot = self.blas[:2]
         t = self.table
         t[0], t[1] = gemm, dot
         t[2], t[3], t[4] = _addr(self.sc), _addr(self.cfg), _addr(self.pinfo)

@@ -144,7 +144,7 @@ TG_FN void tg_fill(real *p, long n, real v)
 TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real *A, const real *B, real *C)
 {
     char tA = ta ? 'T' : 'N', tB = tb ? 'T' : 'N';
-    int lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+    tg_bint M = n, N = m, K = k, lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
     real one = R(1.0), zero = R(0.0);
     if (m == 0 || n == 0)
         return;
@@ -152,7 +152,7 @@ TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real
         tg_fill(C, (long)m * n, R(0.0));
         return;
     }
-    gemm(&tB, &tA, &n, &m, &k, &one, (real *)B, &ldb, (real *)A, &lda, &zero, C, &ldc);
+    gemm(&tB, &tA, &M, &N, &K, &one, (real *)B, &ldb, (real *)A, &lda, &zero, C, &ldc);
 }
 
 /* softmax / logsoftmax over the middle axis of (outer, n, inner); r: scratch of outer·inner. */
@@ -282,7 +282,7 @@ TG_FN void tg_opt_step(void **T)
             const long long *p = pi + 8 * k;
             if (!p[6])
                 continue;
-            int n = (int)p[5], one = 1;
+            tg_bint n = (tg_bint)p[5], one = 1;
             total += (double)dot(&n, TG_B(p[2]), &one, TG_B(p[2]), &one);
             any = 1;
         }

@@ -1,0 +1,143 @@
+"""Captured programs vs the eager tape vs jax.jit: µs per MLP training episode (forward + backward + Adam).
+
+Every system runs in this one process, interleaved repeat by repeat (median), because the machine is
+shared and absolute times drift: the ratios to jax.jit are the result. ``--quick`` for a smoke run
+(tiny and small only, few repeats).
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tapegrad as tg  # noqa: E402
+from bench_eager import data, init, numpy_step, side_by_side, tape_step  # noqa: E402
+
+SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10)),
+         "medium": (256, (784, 512, 512, 10)), "large": (1024, (1024, 2048, 2048, 1024))}
+LR = 1e-3
+
+
+def program_step(batch, sizes, backend, fuse=True):
+    """One Program.episode per call: inputs copied in, forward + backward + Adam in one backend call."""
+    x_np, y_np = data(batch, sizes)
+    tape = tg.Tape()
+    params = [tape.param(p) for p in init(sizes)]
+    opt = tg.Adam(LR)
+    for p in params:
+        opt.add(tape, p)
+    tape.mark()
+    x, y = tape.const(x_np), tape.const(y_np)
+    h = x
+    for k in range(0, len(params), 2):
+        h = h @ params[k] + params[k + 1]
+        if k + 2 < len(params):
+            h = h.relu()
+    prog = tg.capture(tape, tg.softmax_cross_entropy(h, y), backend=backend, fuse=fuse)
+    prog.attach(opt)
+    feed = {x: x_np, y: y_np}
+    return lambda: prog.episode(feed), prog
+
+
+def jax_step(batch, sizes):
+    import jax
+    import jax.numpy as jnp
+    import optax
+    jax.config.update("jax_enable_x64", True)
+    x, y = (jnp.asarray(a) for a in data(batch, sizes))
+    params = [jnp.asarray(p) for p in init(sizes)]
+    tx = optax.adam(LR)
+    state = [params, tx.init(params)]
+
+    def loss(ps, x, y):
+        h = x
+        for k in range(0, len(ps), 2):
+            h = h @ ps[k] + ps[k + 1]
+            if k + 2 < len(ps):
+                h = jax.nn.relu(h)
+        return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(h, axis=1), axis=1))
+
+    @jax.jit
+    def step(ps, st, x, y):
+        val, g = jax.value_and_grad(loss)(ps, x, y)
+        upd, st = tx.update(g, st, ps)
+        return optax.apply_updates(ps, upd), st, val
+
+    def run():
+        ps, st, val = step(state[0], state[1], x, y)
+        val.block_until_ready()
+        state[0], state[1] = ps, st
+    return run
+
+
+def flops(batch, sizes):
+    """GEMM flops of one episode: forward, dW per layer, dX for every layer but the first."""
+    mm = [2 * batch * i * o for i, o in zip(sizes[:-1], sizes[1:])]
+    return sum(mm) * 3 - mm[0]
+
+
+def matmul_peak(n=2048, reps=5):
+    a = np.random.default_rng(0).standard_normal((n, n))
+    a @ a
+    best = min(_time(lambda: a @ a) for _ in range(reps))
+    return 2 * n ** 3 / best / 1e9
+
+
+def _time(f):
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    names = ("tiny", "small") if args.quick else tuple(SIZES)
+    rows = []
+    for name in names:
+        batch, sizes = SIZES[name]
+        reps, inner = {"tiny": (15, 200), "small": (15, 50), "medium": (9, 3), "large": (5, 1)}[name]
+        if args.quick:
+            reps, inner = 3, max(inner // 10, 1)
+        fns = {"eager tape": tape_step(batch, sizes),
+               "numpy replay": program_step(batch, sizes, "numpy")[0],
+               "native unfused": program_step(batch, sizes, "native", fuse=False)[0]}
+        fused, prog = program_step(batch, sizes, "native", fuse=True)
+        fns["native fused"] = fused
+        fns["jax.jit"] = jax_step(batch, sizes)
+        fns["NumPy floor"] = numpy_step(batch, sizes)
+        t = side_by_side(fns, reps, inner)
+        rows.append((name, batch, sizes, t, prog.plan()))
+        print(f"  {name}: " + ", ".join(f"{k} {v:,.0f} µs" for k, v in t.items()), flush=True)
+    peak = None if args.quick else matmul_peak()
+    cols = ["eager tape", "numpy replay", "native unfused", "native fused", "jax.jit", "NumPy floor"]
+    print()
+    print("µs per training episode (forward + backward + Adam, float64), median of interleaved repeats; "
+          "(×) = speed-up over jax.jit")
+    print()
+    print("| size | " + " | ".join(cols) + " | fused kernels (fwd/bwd) |")
+    print("|---|" + "---:|" * len(cols) + "---|")
+    for name, batch, sizes, t, plan in rows:
+        jx = t["jax.jit"]
+        cells = [f"{t[c]:,.0f} ({jx / t[c]:.2f}×)" if c != "jax.jit" else f"{jx:,.0f}" for c in cols]
+        kern = (f"{plan['kernels_forward_unfused']}→{plan['kernels_forward']} / "
+                f"{plan['kernels_backward_unfused']}→{plan['kernels_backward']}")
+        print(f"| {name} ({batch}; {'-'.join(map(str, sizes))}) | " + " | ".join(cells) + f" | {kern} |")
+    if peak:
+        print()
+        print(f"GFLOP/s (GEMM flops / episode time); NumPy 2048² matmul peak here: {peak:.1f} GFLOP/s")
+        print()
+        print("| size | " + " | ".join(cols) + " |")
+        print("|---|" + "---:|" * len(cols))
+        for name, batch, sizes, t, _ in rows:
+            if name in ("medium", "large"):
+                f = flops(batch, sizes)
+                print(f"| {name} | " + " | ".join(f"{f / t[c] / 1e3:.1f} ({f / t[c] / 1e3 / peak:.0%})"
+                                                  for c in cols) + " |")
+
+
+if __name__ == "__main__":
+    main()

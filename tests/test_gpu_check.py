@@ -1,0 +1,40 @@
+"""experiments/gpu_check.py --dry: the GPU check runs up to the launch here, and its PTX makes the point.
+
+The dry run emits every oracle program in both dialects, generates the kernels, compiles them to PTX with
+nvcc's default flags (--fmad=true) and runs the same source as host C++. This test reads the PTX on its own:
+no exact-tier kernel of the cuda dialect holds an ``fma``, while the plain C body of ``fanout`` does.
+"""
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parent.parent / "experiments" / "gpu_check.py"
+
+
+def kernels(ptx):
+    """Kernel name -> PTX body (an entry ends at the first closing brace in column 0)."""
+    return dict(re.findall(r"\.entry\s+k_(\w+)\((.*?)\n\}", ptx, re.S))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc: the dry run cannot compile PTX here")
+def test_dry_run_compiles_ptx_without_fma_in_the_cuda_dialect(tmp_path):
+    run = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--n", "32", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert "DRY RUN — no GPU was used" in run.stdout and "compiled them to PTX with nvcc" in run.stdout
+
+    rows = json.loads((tmp_path / "results.json").read_text())
+    exact = {"f_" + r["program"].replace("-", "_") for r in rows if r["tier"] == "exact"}
+    assert {"f_fanout", "f_mul", "f_div", "f_sqrt"} <= exact
+    cuda = kernels((tmp_path / "kernels_cuda.ptx").read_text())
+    c = kernels((tmp_path / "kernels_c.ptx").read_text())
+    assert exact <= cuda.keys() and exact <= c.keys()
+    assert [k for k in sorted(exact) if "fma" in cuda[k]] == []
+    assert "fma.rn.f64" in c["f_fanout"]
+    # and the host build of the same source agreed with the tape
+    assert all(r["exact"] == r["n"] for r in rows if r["tier"] == "exact")

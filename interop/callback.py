@@ -44,7 +44,18 @@ def host_call(fn, result_specs, *args, vmap_method="sequential", input_output_al
 
     call = buffer_callback(cb, tuple(result_specs), vmap_method=vmap_method,
                            input_output_aliases=input_output_aliases)
-    return tuple(call(*args))
+    return tuple(_retype(o, s) for o, s in zip(call(*args), result_specs))
+
+
+def _varying(x):
+    m = getattr(x, "manual_axis_type", None)
+    return frozenset(m.varying) if m is not None else frozenset()
+
+
+def _retype(out, spec):
+    """buffer_callback types its results without shard_map's varying axes: restore the spec's."""
+    missing = _varying(spec) - _varying(jax.typeof(out))
+    return jax.lax.pcast(out, tuple(sorted(missing)), to="varying") if missing else out
 
 
 def copying_call(fn, result_specs, *args, vmap_method="sequential"):

@@ -24,6 +24,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _LOCK = threading.Lock()
 _LIB = {}
 _PINNED = {}       # hash64 -> what the native table points into (kept alive for the process)
+_HOST_LOCKS = {}   # id(program) -> (program, lock) for the host-callback path
 TARGETS = ("value", "value_and_grad", "episode", "episode_flat")
 
 
@@ -163,7 +164,26 @@ def _spec(args, shape, dtype):
 
 # ── host (callback) implementations: the same copy-in/run/copy-out on the Program's Python API ──
 
+def _lock(program):
+    """One lock per program: shards may run host callbacks concurrently, and a program has one set of slots."""
+    with _LOCK:
+        return _HOST_LOCKS.setdefault(id(program), (program, threading.Lock()))[1]
+
+
+def _locked(program, run):
+    lock = _lock(program)
+
+    def locked(outs, *xs):
+        with lock:
+            run(outs, *xs)
+    return locked
+
+
 def _host_value(program, grads):
+    return _locked(program, _host_value_unlocked(program, grads))
+
+
+def _host_value_unlocked(program, grads):
     def run(outs, *xs):
         np_, p = len(program.params), program
         for b in range(outs[0].size):
@@ -181,6 +201,10 @@ def _host_value(program, grads):
 
 
 def _host_episode(program, flat=False):
+    return _locked(program, _host_episode_unlocked(program, flat))
+
+
+def _host_episode_unlocked(program, flat=False):
     def run(outs, *xs):
         if flat:  # unpack [params | state | count] into the separate layout, run, pack the results
             sizes = _flat_sizes(program)
@@ -188,7 +212,7 @@ def _host_episode(program, flat=False):
             sig = _Sig(program)
             xs = tuple(a.reshape(sh) for a, sh in zip(parts, sig.params + sig.state + [()])) + tuple(xs[1:])
             res = [np.empty(sh, sig.dtype) for sh in [()] + sig.params + sig.state + [()]]
-            _host_episode(program)(res, *xs)
+            _host_episode_unlocked(program)(res, *xs)
             outs[0][...] = res[0]
             np.concatenate([r.reshape(-1) for r in res[1:]], out=outs[1])
             return

@@ -214,7 +214,7 @@ assert err <= 1e-14, err
 '''
 
 
-@pytest.mark.parametrize("backend", BACKENDS[:1])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_data_parallel_grads_under_shard_map_on_four_host_devices(backend):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     r = subprocess.run([sys.executable, "-c", SHARD, backend], capture_output=True, text=True, env=env, timeout=120)

@@ -226,3 +226,26 @@ def test_gpu_lowering_for_cuda():
     gpu = getattr(P, "gpu_targets", None)
     if gpu is None:
         pytest.skip("no GPU custom-call handler exists yet (the GPU issue adds one); nothing to lower for cuda")
+
+
+NO_CC = r'''
+import numpy as np, tapegrad as tg, interop
+from interop import jax, jnp
+from interop import program as P
+assert P.native_library() is None and "compiler" in P._LIB["why"], P._LIB
+tape = tg.Tape()
+W = tape.param(np.arange(12.0).reshape(4, 3) / 10); x = tape.const(np.ones((2, 4)))
+loss = ((x @ W).tanh() * (x @ W)).mean()
+f = interop.program_call(tg.capture(tape, loss))          # numpy backend: no compiler needed
+assert not f.native
+l, g = jax.jit(jax.value_and_grad(f))(jnp.asarray(tape.value(W)), jnp.asarray(tape.value(x)))
+tape.backward(loss)
+assert float(l) == float(tape.value(loss)) and (np.asarray(g) == tape.grad(W)).all()
+print("ok")
+'''
+
+
+def test_without_a_c_compiler_the_callback_path_runs():
+    env = dict(os.environ, CC="/nonexistent/cc")
+    r = subprocess.run([sys.executable, "-c", NO_CC], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]

@@ -86,6 +86,25 @@ def _scipy_blas(pre):
     return gemm, dot, 32, "scipy.linalg.cython_blas"
 
 
+def layout(p):
+    """The buffer table of a program: values, then gradients, then three scratch buffers (the largest
+    node's size); returns (buffers, {("v"|"g"|"S", k): index})."""
+    bufs, index = [], {}
+
+    def add(key, arr):
+        index[key] = len(bufs)
+        bufs.append(arr)
+    for k in range(len(p.nodes)):
+        add(("v", k), p.val[k])
+    for k in range(len(p.nodes)):
+        if p.grads[k] is not None:
+            add(("g", k), p.grads[k])
+    big = max([math.prod(s) for s in p.shapes] + [1])
+    for j in range(3):
+        add(("S", j), aligned_empty((big,), p.dtype))
+    return bufs, index
+
+
 def _addr(a):
     return a.__array_interface__["data"][0]
 
@@ -95,16 +114,7 @@ class NativeRunner:
 
     def __init__(self, prog):
         p = self.p = prog
-        self.bufs = []
-        self.index = {}
-        for k in range(len(p.nodes)):
-            self._add(("v", k), p.val[k])
-        for k in range(len(p.nodes)):
-            if p.grads[k] is not None:
-                self._add(("g", k), p.grads[k])
-        big = max([math.prod(s) for s in p.shapes] + [1])
-        for j in range(3):
-            self._add(("S", j), aligned_empty((big,), p.dtype))
+        self.bufs, self.index = layout(p)
         self.fwd_segs, self.bwd_segs = fuse.plan(p, p.fuse)
         self.blas = blas_pointers(p.dtype)
         self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2]).emit()
@@ -122,10 +132,6 @@ class NativeRunner:
             f = getattr(self.lib, "tg_" + name)
             f.argtypes, f.restype = [ctypes.c_void_p], None
             self.fns[name] = f
-
-    def _add(self, key, arr):
-        self.index[key] = len(self.bufs)
-        self.bufs.append(arr)
 
     def _fill_table(self):
         gemm, dot = self.blas[:2]

@@ -33,8 +33,13 @@ def capture(tape, loss, backend="numpy", dtype="float64", fuse=True):
 
     ``backend``: "numpy" (the reference replay, bit-identical to the tape) or "native" (generated C
     compiled by the system compiler; raises ``tapegrad.BuildError`` when that is impossible).
-    ``dtype``: the program's element type; "float32" runs in float32 while the tape stays float64.
+    ``dtype``: the program's element type; "float32" runs in float32 while the tape stays float64 (tested
+    bound: MLP losses and parameters after 5 Adam steps within 1e-5 relative of the float64 tape).
     ``fuse``: (native) fuse runs of row-local elementwise nodes into one loop (bit-identical to unfused).
+
+    Exactness: the NumPy replay is bit-identical to the eager tape (same rules, same order). The native
+    replay is bit-identical for the registry's "exact" and "order" ops (its reductions follow NumPy's
+    order) and within a few ulp for "libm" and "blas" ops (see ``tests/test_native.py``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"capture: backend must be one of {BACKENDS}, got {backend!r}")
@@ -264,7 +269,7 @@ class Program:
         if tape is not self._tape():
             raise ForeignVarError("sync_params: not the tape this program was captured from")
         for k in self.params:
-            if tape._val[k] is not None and k < len(tape) and tape._nodes[k].op is O.param:
+            if k < len(tape) and tape._nodes[k].op is O.param and tape._val[k] is not None:
                 np.copyto(tape._val[k], self.val[k], casting="unsafe")
         if optimizer is not None:
             optimizer.load_state_dict(self.optimizer_state())

@@ -7,6 +7,10 @@ optimizer's parameter table (long long), ``[5..7]`` reserved, ``[8 + i]`` buffer
 gradients, scratch, optimizer state). Elementwise nodes print the registry's C expressions through
 one dialect (``expr.py``); the rest call the runtime kernels in ``runtime.c``. A fused segment is one
 loop whose body is the unfused loop bodies in node order, so it rounds identically.
+
+CUDA is meant to be another dialect of this source: the same expressions printed by ``expr.CUDA64`` /
+``CUDA32`` (``__dadd_rn``… so nvcc cannot contract them), a fused segment's loop body becoming a
+kernel body over the element index, and the runtime's reductions keeping NumPy's order per thread.
 """
 import math
 import os

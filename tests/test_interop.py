@@ -34,6 +34,18 @@ def test_tape_value_and_grad_go_to_jax_without_copy():
         np.testing.assert_array_equal(np.asarray(j), view)
 
 
+def test_program_buffers_go_to_jax_without_copy():
+    tape = tg.Tape()
+    w = tape.param(np.arange(6.0).reshape(2, 3))
+    prog = tg.capture(tape, (w * w).sum())
+    prog.forward()
+    prog.backward()
+    for view in (prog.value(w), prog.grad(w), prog.loss()):
+        j = interop.to_jax(view, copy=False)
+        assert j.unsafe_buffer_pointer() == ptr(view)
+        np.testing.assert_array_equal(np.asarray(j), view)
+
+
 def test_from_jax_is_a_read_only_view():
     j = jnp.arange(8.0)
     v = interop.from_jax(j, copy=False)

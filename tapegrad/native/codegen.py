@@ -274,10 +274,12 @@ class Emitter:
                 e = self.d.render(expr_of(op, field), env, s)
                 if p.shapes[j] == os_:
                     stmts.append(f"g{j}[i] = {e};" if first else f"g{j}[i] = g{j}[i] + ({e});")
+                elif e == f"g{k}[i]":   # a broadcast input receiving g itself: reduce g directly
+                    after += self.unbroadcast(f"g{k}", os_, j, first)
                 else:   # a broadcast input: the out-shaped contribution, then NumPy's reduction
                     stmts.append(f"S{scr}[i] = {e};")
                     after += self.unbroadcast(f"S{scr}", os_, j, first)
-        return self.loop(os_, stmts, None) + after
+        return (self.loop(os_, stmts, None) if stmts else []) + after
 
     def unbroadcast(self, c, cshape, j, first):
         shape = self.p.shapes[j]

@@ -39,15 +39,22 @@ TG_FN real tg_pairwise(const real *a, long n)
 }
 
 /* out = Σ of x (shape[nd], C-contiguous) over the axes with red[k] = 1; out is the kept-axes array.
- * mode 0: sum; mode 1: max (NaN propagates). */
+ * mode 0: sum; mode 1: max (NaN propagates). When the last axis is kept, each row of the trailing kept
+ * block is added into out element by element (NumPy's inner loop; vectorisable, still one ordered chain
+ * per output element); when it is reduced, the trailing reduced block is summed pairwise. */
 TG_FN void tg_reduce(int mode, const real *x, real *out, int nd, const long *shape, const unsigned char *red)
 {
-    long inner = 1, nout = 1;
+    long inner = 1, run = 1, nout = 1;
     int t = nd;
     while (t > 0 && red[t - 1]) {
         t--;
         inner *= shape[t];
     }
+    if (t == nd)                      /* the last axis is kept: the trailing kept block is contiguous */
+        while (t > 0 && !red[t - 1]) {
+            t--;
+            run *= shape[t];
+        }
     long ost[TG_MAXD], idx[TG_MAXD];
     long s = 1;
     for (int k = nd - 1; k >= 0; k--) {
@@ -68,16 +75,29 @@ TG_FN void tg_reduce(int mode, const real *x, real *out, int nd, const long *sha
         long o = 0;
         for (int k = 0; k < t; k++)
             o += idx[k] * ost[k];
-        if (mode == 0) {
-            out[o] += inner == 1 ? p[0] : tg_pairwise(p, inner);
+        if (run > 1 || inner == 1) {
+            real *restrict dst = out + o;
+            const real *restrict src = p;
+            if (mode == 0)
+                for (long j = 0; j < run; j++)
+                    dst[j] = dst[j] + src[j];
+            else
+                for (long j = 0; j < run; j++)
+                    if (dst[j] == dst[j] && (src[j] > dst[j] || src[j] != src[j]))
+                        dst[j] = src[j];
+            p += run;
         } else {
-            real m = out[o];
-            for (long i = 0; i < inner; i++)
-                if (m == m && (p[i] > m || p[i] != p[i]))
-                    m = p[i];
-            out[o] = m;
+            if (mode == 0) {
+                out[o] += tg_pairwise(p, inner);
+            } else {
+                real m = out[o];
+                for (long i = 0; i < inner; i++)
+                    if (m == m && (p[i] > m || p[i] != p[i]))
+                        m = p[i];
+                out[o] = m;
+            }
+            p += inner;
         }
-        p += inner;
         for (int k = t - 1; k >= 0; k--) {
             if (++idx[k] < shape[k])
                 break;

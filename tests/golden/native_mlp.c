@@ -60,7 +60,6 @@ void tg_backward(void *ctx)
     real *restrict g7 = TG_B(15);
     real *restrict g8 = TG_B(16);
     real *restrict g9 = TG_B(17);
-    real *restrict S1 = TG_B(19);
     for (long i = 0; i < 1L; i++) g9[i] = 1.0;
     { static const long sh[] = {5, 4}; static const long st[] = {0, 0}; tg_gather(g8, g9, 2, sh, st); }
     for (long i = 0; i < 20L; i++) g8[i] = g8[i] / 20.0;
@@ -71,9 +70,8 @@ void tg_backward(void *ctx)
     }
     for (long i = 0; i < 20L; i++) {
         g4[i] = g5[i];
-        S1[i] = g5[i];
     }
-    { static const long sh[] = {5, 4}; static const unsigned char rd[] = {1, 0}; tg_reduce(0, S1, g1, 2, sh, rd); }
+    { static const long sh[] = {5, 4}; static const unsigned char rd[] = {1, 0}; tg_reduce(0, g5, g1, 2, sh, rd); }
     tg_mm((tg_gemm_t)T[0], 1, 0, 3, 4, 5, v2, g4, g0);
 }
 

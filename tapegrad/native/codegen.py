@@ -86,8 +86,7 @@ class Emitter:
         self.p, self.buf, self.blas_bits = prog, buf, blas_bits
         self.d = dialect(prog.dtype)
         self.segf, self.segb = segments_fwd, segments_bwd
-        self.lines = []
-        self.first = {}
+        self.helpers = []
 
     def emit(self):
         p = self.p
@@ -96,9 +95,10 @@ class Emitter:
             if op.kind == "elementwise" and op.c_fwd is None:
                 raise TapeError(f"{at(op.name, k)}: the native backend has no C form of this elementwise op "
                                 f"(its registry entry lacks c_fwd); use backend='numpy'")
-        out = [prologue(p.dtype, self.blas_bits), runtime_source(), ""]
-        out += self.function("tg_forward", self.forward_body())
-        out += self.function("tg_backward", self.backward_body())
+        fwd, bwd = self.forward_body(), self.backward_body()
+        out = [prologue(p.dtype, self.blas_bits), runtime_source(), ""] + self.helpers
+        out += self.function("tg_forward", fwd)
+        out += self.function("tg_backward", bwd)
         out += ["void tg_step(void *ctx)", "{", "    tg_opt_step((void **)ctx);", "}", "",
                 "void tg_episode(void *ctx)", "{", "    tg_forward(ctx);", "    tg_backward(ctx);",
                 "    tg_opt_step((void **)ctx);", "}", ""]
@@ -152,7 +152,7 @@ class Emitter:
                 inrun.add(k)
             else:
                 stmts.append(f"v{k}[i] = {e};")
-        return self.loop(os_, stmts, [p.nodes[k][1:3] for k in seg])
+        return self.kernel(f"tg_f{seg[0]}", os_, stmts)
 
     def operand(self, x, os_, inrun):
         xs = self.p.shapes[x]
@@ -163,7 +163,17 @@ class Emitter:
         st = _bstrides(xs, os_)
         return f"v{x}[" + " + ".join(f"i{d} * {m}" for d, m in enumerate(st) if m) + "]"
 
-    def loop(self, os_, stmts, ab):
+    def kernel(self, name, os_, stmts):
+        """An elementwise loop as its own function: its buffers are ``restrict`` parameters (GCC honours
+        restrict on parameters, not on locals loaded from the table, and a fused loop reads more streams
+        than it will version for aliasing), so every loop vectorises; the call site passes the buffers."""
+        body = self.loop(os_, stmts)
+        used = sorted({tok for line in body for tok in _ptr_names(line)}, key=_ptr_key)
+        params = ", ".join(f"real *restrict {n}" for n in used)
+        self.helpers += [f"static void {name}({params})", "{"] + ["    " + ln for ln in body] + ["}", ""]
+        return [f"{name}({', '.join(used)});"]
+
+    def loop(self, os_, stmts):
         """One loop over the out shape: flat when no operand broadcasts along a non-trivial axis."""
         nested = re.search(r"\bi\d+ \* ", " ".join(stmts)) is not None
         n = math.prod(os_)
@@ -279,7 +289,7 @@ class Emitter:
                 else:   # a broadcast input: the out-shaped contribution, then NumPy's reduction
                     stmts.append(f"S{scr}[i] = {e};")
                     after += self.unbroadcast(f"S{scr}", os_, j, first)
-        return (self.loop(os_, stmts, None) if stmts else []) + after
+        return (self.kernel(f"tg_b{k0}", os_, stmts) if stmts else []) + after
 
     def unbroadcast(self, c, cshape, j, first):
         shape = self.p.shapes[j]

@@ -120,6 +120,22 @@ def names(e):
     return out
 
 
+def calls(e):
+    """The functions an expression calls."""
+    if e[0] in ("num", "var"):
+        return set()
+    if e[0] == "call":
+        out = {e[1]}
+        for x in e[2]:
+            out |= calls(x)
+        return out
+    kids = e[2:] if e[0] == "bin" else e[1:]
+    out = set()
+    for k in kids:
+        out |= calls(k)
+    return out
+
+
 def fold(e, s):
     """Substitute the static scalar ``s`` and evaluate literal-only arithmetic in Python doubles."""
     kind = e[0]

@@ -7,11 +7,24 @@ writing one). Backward runs additionally require that every gradient the node wr
 shape, so no contribution needs the cross-row reduction of a broadcast input inside the loop; those
 nodes run alone. Every node still writes its own value and gradient buffers, in node order, so a fused
 loop performs exactly the unfused loops' arithmetic, element by element.
+
+What pays on the CPU (measured, ``-O3 -march=native``, 64² to 2048×1024 float64): fusing arithmetic
+(+ − × ÷, comparisons, sqrt, fabs: vector instructions) is 1.4-1.7x faster than separate loops, forward
+and backward, because each vectorised pass saves a round trip through memory. A libm call (exp, log,
+tanh, pow) inside a fused loop makes it 1.4-1.8x slower: the call cannot vectorise and spills every live
+value around it, where unfused the call loop runs alone and the arithmetic loops stay vectorised. So an
+expression that calls libm is never fused; it runs alone between fused runs.
 """
+from .codegen import expr_of
+from .expr import calls
+
+_VECTOR = {"sqrt", "fabs"}   # functions that are single vector instructions (with -fno-math-errno)
 
 
 def _ew(op, field):
-    return op.kind == "elementwise" and getattr(op, field) is not None
+    if op.kind != "elementwise" or getattr(op, field) is None:
+        return False
+    return not (calls(expr_of(op, field)) - _VECTOR)
 
 
 def plan(prog, fuse=True):
@@ -29,8 +42,8 @@ def plan(prog, fuse=True):
     for e in prog.sched:
         k, ta, _, tb, _ = e
         op, a, b, _ = nodes[k]
-        ok = (op.kind == "elementwise" and (not ta or shapes[a] == shapes[k])
-              and (not tb or shapes[b] == shapes[k]))
+        ok = (op.kind == "elementwise" and (not ta or (shapes[a] == shapes[k] and _ew(op, "c_da")))
+              and (not tb or (shapes[b] == shapes[k] and _ew(op, "c_db"))))
         if fuse and ok and bwd and bwd[-1][-1][0] in fusable and shapes[bwd[-1][-1][0]] == shapes[k]:
             bwd[-1].append(e)
         else:

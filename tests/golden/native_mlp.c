@@ -13,6 +13,39 @@ typedef real (*tg_dot_t)(tg_bint *, real *, tg_bint *, real *, tg_bint *);
 /* … runtime.c … */
 
 
+static void tg_f5(real *restrict v1, real *restrict v3, real *restrict v4, real *restrict v5, real *restrict v6, real *restrict v7, real *restrict v8)
+{
+    for (long i0 = 0; i0 < 5L; i0++) {
+        for (long i1 = 0; i1 < 4L; i1++) {
+            const long i = i0 * 4L + i1 * 1L;
+            const real t5 = (v4[i] + v1[i1 * 1]);
+            v5[i] = t5;
+            const real t6 = (((t5 > 0.0) || (t5 != t5)) ? t5 : 0.0);
+            v6[i] = t6;
+            const real t7 = (t6 - v3[i]);
+            v7[i] = t7;
+            const real t8 = (t7 * t7);
+            v8[i] = t8;
+        }
+    }
+}
+
+static void tg_b8(real *restrict v5, real *restrict v7, real *restrict g5, real *restrict g6, real *restrict g7, real *restrict g8)
+{
+    for (long i = 0; i < 20L; i++) {
+        g7[i] = (g8[i] * (2.0 * v7[i]));
+        g6[i] = g7[i];
+        g5[i] = (g6[i] * ((v5[i] > 0.0) ? 1.0 : 0.0));
+    }
+}
+
+static void tg_b5(real *restrict g4, real *restrict g5)
+{
+    for (long i = 0; i < 20L; i++) {
+        g4[i] = g5[i];
+    }
+}
+
 void tg_forward(void *ctx)
 {
     void **T = (void **)ctx;
@@ -28,19 +61,7 @@ void tg_forward(void *ctx)
     real *restrict v8 = TG_B(8);
     real *restrict v9 = TG_B(9);
     tg_mm((tg_gemm_t)T[0], 0, 0, 5, 4, 3, v2, v0, v4);
-    for (long i0 = 0; i0 < 5L; i0++) {
-        for (long i1 = 0; i1 < 4L; i1++) {
-            const long i = i0 * 4L + i1 * 1L;
-            const real t5 = (v4[i] + v1[i1 * 1]);
-            v5[i] = t5;
-            const real t6 = (((t5 > 0.0) || (t5 != t5)) ? t5 : 0.0);
-            v6[i] = t6;
-            const real t7 = (t6 - v3[i]);
-            v7[i] = t7;
-            const real t8 = (t7 * t7);
-            v8[i] = t8;
-        }
-    }
+    tg_f5(v1, v3, v4, v5, v6, v7, v8);
     { static const long sh[] = {5, 4}; static const unsigned char rd[] = {1, 1}; tg_reduce(0, v8, v9, 2, sh, rd); }
     for (long i = 0; i < 1L; i++) v9[i] = v9[i] / 20.0;
 }
@@ -63,14 +84,8 @@ void tg_backward(void *ctx)
     for (long i = 0; i < 1L; i++) g9[i] = 1.0;
     { static const long sh[] = {5, 4}; static const long st[] = {0, 0}; tg_gather(g8, g9, 2, sh, st); }
     for (long i = 0; i < 20L; i++) g8[i] = g8[i] / 20.0;
-    for (long i = 0; i < 20L; i++) {
-        g7[i] = (g8[i] * (2.0 * v7[i]));
-        g6[i] = g7[i];
-        g5[i] = (g6[i] * ((v5[i] > 0.0) ? 1.0 : 0.0));
-    }
-    for (long i = 0; i < 20L; i++) {
-        g4[i] = g5[i];
-    }
+    tg_b8(v5, v7, g5, g6, g7, g8);
+    tg_b5(g4, g5);
     { static const long sh[] = {5, 4}; static const unsigned char rd[] = {1, 0}; tg_reduce(0, g5, g1, 2, sh, rd); }
     tg_mm((tg_gemm_t)T[0], 1, 0, 3, 4, 5, v2, g4, g0);
 }

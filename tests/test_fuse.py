@@ -37,9 +37,9 @@ def test_mlp_plan_fuses_bias_and_activation_and_keeps_gemms_alone():
     fwd, bwd = fuse.plan(prog, True)
     assert [[prog.nodes[k][0].name for k in seg] for seg in fwd] == [["matmul"], ["add", "relu", "sub", "square"],
                                                                     ["mean"]]
-    # backward: the bias add needs a cross-row sum for b, so it runs alone, after the fused chain
-    assert [[prog.nodes[e[0]][0].name for e in seg] for seg in bwd] == [["mean"], ["square", "sub", "relu"],
-                                                                        ["add"], ["matmul"]]
+    # backward: the bias add joins the chain; its b gradient (a row sum of g) is reduced after the loop
+    assert [[prog.nodes[e[0]][0].name for e in seg] for seg in bwd] == [["mean"], ["square", "sub", "relu", "add"],
+                                                                        ["matmul"]]
     assert fuse.plan(prog, False)[0] == [[k] for k in prog.compute]
 
 

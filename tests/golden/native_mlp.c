@@ -30,18 +30,12 @@ static void tg_f5(real *restrict v1, real *restrict v3, real *restrict v4, real 
     }
 }
 
-static void tg_b8(real *restrict v5, real *restrict v7, real *restrict g5, real *restrict g6, real *restrict g7, real *restrict g8)
+static void tg_b8(real *restrict v5, real *restrict v7, real *restrict g4, real *restrict g5, real *restrict g6, real *restrict g7, real *restrict g8)
 {
     for (long i = 0; i < 20L; i++) {
         g7[i] = (g8[i] * (2.0 * v7[i]));
         g6[i] = g7[i];
         g5[i] = (g6[i] * ((v5[i] > 0.0) ? 1.0 : 0.0));
-    }
-}
-
-static void tg_b5(real *restrict g4, real *restrict g5)
-{
-    for (long i = 0; i < 20L; i++) {
         g4[i] = g5[i];
     }
 }
@@ -84,8 +78,7 @@ void tg_backward(void *ctx)
     for (long i = 0; i < 1L; i++) g9[i] = 1.0;
     { static const long sh[] = {5, 4}; static const long st[] = {0, 0}; tg_gather(g8, g9, 2, sh, st); }
     for (long i = 0; i < 20L; i++) g8[i] = g8[i] / 20.0;
-    tg_b8(v5, v7, g5, g6, g7, g8);
-    tg_b5(g4, g5);
+    tg_b8(v5, v7, g4, g5, g6, g7, g8);
     { static const long sh[] = {5, 4}; static const unsigned char rd[] = {1, 0}; tg_reduce(0, g5, g1, 2, sh, rd); }
     tg_mm((tg_gemm_t)T[0], 1, 0, 3, 4, 5, v2, g4, g0);
 }

@@ -459,7 +459,7 @@ maximum = op("maximum", 2, broadcast,
              da=maximum_d(lambda a, b: a, lambda a, b: b),
              db=maximum_d(lambda a, b: b, lambda a, b: a),
              ref=lambda jnp, a, b, s: jnp.maximum(a, b),
-             c_fwd="a > b || a != a ? a : b",  # NumPy: NaN propagates, ties give b
+             c_fwd="a > b ? a : (a != a ? a : b)",  # NumPy: NaN propagates, ties give b
              c_da="g * ((a > b ? 1.0 : 0.0) + 0.5 * (a == b ? 1.0 : 0.0))",
              c_db="g * ((b > a ? 1.0 : 0.0) + 0.5 * (a == b ? 1.0 : 0.0))",
              domain=(spread, spread), cases=BIN,
@@ -532,7 +532,7 @@ relu = op("relu", 1, same, doc="max(a, 0); gradient 0 at 0 (as JAX)",
           fwd=lambda a, b, s, out, ws: np.maximum(a, 0.0, out=out),
           da=relu_da,
           ref=lambda jnp, a, b, s: jnp.where(a > 0, a, 0.0),
-          c_fwd="a > 0.0 || a != a ? a : 0.0", c_da="g * (a > 0.0 ? 1.0 : 0.0)", domain=(away0,), cases=UN)
+          c_fwd="a > 0.0 ? a : (a != a ? a : 0.0)", c_da="g * (a > 0.0 ? 1.0 : 0.0)", domain=(away0,), cases=UN)
 abs = op("abs", 1, same, doc="|a|; gradient sign(a), 0 at 0",
          fwd=lambda a, b, s, out, ws: np.abs(a, out=out),
          da=abs_da,

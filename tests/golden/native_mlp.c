@@ -20,7 +20,7 @@ static void tg_f5(real *restrict v1, real *restrict v3, real *restrict v4, real 
             const long i = i0 * 4L + i1 * 1L;
             const real t5 = (v4[i] + v1[i1 * 1]);
             v5[i] = t5;
-            const real t6 = (((t5 > 0.0) || (t5 != t5)) ? t5 : 0.0);
+            const real t6 = ((t5 > 0.0) ? t5 : ((t5 != t5) ? t5 : 0.0));
             v6[i] = t6;
             const real t7 = (t6 - v3[i]);
             v7[i] = t7;

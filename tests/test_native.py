@@ -230,3 +230,15 @@ def test_missing_compiler_is_a_clear_error_and_numpy_still_works(tmp_path, monke
         tg.capture(tape, loss, backend="native")
     prog = tg.capture(tape, loss)
     assert float(prog.forward()) == 3.0
+
+
+def test_relu_and_maximum_follow_numpy_on_nan_and_signed_zeros():
+    tape = tg.Tape()
+    a = tape.param(np.array([-0.0, 0.0, np.nan, 1.0, np.nan, -2.0]))
+    b = tape.param(np.array([0.0, -0.0, 1.0, np.nan, np.nan, 3.0]))
+    y, r = tg.maximum(a, b), a.relu()
+    prog = tg.capture(tape, y.sum() + r.sum(), backend="native")
+    prog.forward()
+    for v in (y, r):
+        assert np.array_equal(prog.value(v), tape.value(v), equal_nan=True)
+        assert np.array_equal(np.signbit(prog.value(v)), np.signbit(tape.value(v)))

@@ -17,8 +17,8 @@ double grad(const double *p, double *g, const double *v)
     double t11 = t2 * t2;
     double t12 = t11 + 1.0;
     double t13 = t10 / t12;
-    double t14 = t6 > t9 || t6 != t6 ? t6 : t9;
-    double t15 = t14 > 0.0 || t14 != t14 ? t14 : 0.0;
+    double t14 = t6 > t9 ? t6 : (t6 != t6 ? t6 : t9);
+    double t15 = t14 > 0.0 ? t14 : (t14 != t14 ? t14 : 0.0);
     double t16 = t5 * t5;
     double t17 = t16 + 1.0;
     double t18 = sqrt(t17);

@@ -17,7 +17,7 @@ double grad(const double *p, double *g, const double *v)
     double t11 = t2 * t6;
     double t12 = t10 + t11;
     double t13 = t12 + t3;
-    double t14 = t13 > 0.0 || t13 != t13 ? t13 : 0.0;
+    double t14 = t13 > 0.0 ? t13 : (t13 != t13 ? t13 : 0.0);
     double t15 = t13 * t7;
     double t16 = t14 - t15;
     double t17 = fabs(t13);

@@ -17,7 +17,7 @@ __device__ double grad(const double *p, double *g, const double *v)
     double t11 = __dmul_rn(t2, t6);
     double t12 = __dadd_rn(t10, t11);
     double t13 = __dadd_rn(t12, t3);
-    double t14 = ((t13 > 0.0 || t13 != t13) ? t13 : 0.0);
+    double t14 = (t13 > 0.0 ? t13 : (t13 != t13 ? t13 : 0.0));
     double t15 = __dmul_rn(t13, t7);
     double t16 = __dsub_rn(t14, t15);
     double t17 = fabs(t13);

@@ -242,3 +242,15 @@ def test_relu_and_maximum_follow_numpy_on_nan_and_signed_zeros():
     for v in (y, r):
         assert np.array_equal(prog.value(v), tape.value(v), equal_nan=True)
         assert np.array_equal(np.signbit(prog.value(v)), np.signbit(tape.value(v)))
+
+
+def test_an_op_without_a_native_form_is_named():
+    """Gaps are explicit: an op the native backend cannot print raises naming it (numpy still replays it)."""
+    flip = O.Op("flip_test", 1, O.same, fwd=lambda a, b, s, out, ws: np.copyto(out, a[::-1]),
+                da=lambda g, out, a, b, s, ws: g[::-1], kind="layout")
+    tape = tg.Tape()
+    w = tape.param(np.arange(3.0))
+    loss = tape.apply(flip, w).sum()
+    with pytest.raises(tg.TapeError, match=r"flip_test \(node 1\): the native backend has no kernel"):
+        tg.capture(tape, loss, backend="native")
+    assert float(tg.capture(tape, loss).forward()) == 3.0

@@ -87,8 +87,8 @@ def _scipy_blas(pre):
 
 
 def layout(p):
-    """The buffer table of a program: values, then gradients, then three scratch buffers (the largest
-    node's size); returns (buffers, {("v"|"g"|"S", k): index})."""
+    """The buffer table of a program: values, then gradients, then three scratch buffers; returns
+    (buffers, {("v"|"g"|"S", k): index})."""
     bufs, index = [], {}
 
     def add(key, arr):
@@ -99,7 +99,12 @@ def layout(p):
     for k in range(len(p.nodes)):
         if p.grads[k] is not None:
             add(("g", k), p.grads[k])
-    big = max([math.prod(s) for s in p.shapes] + [1])
+    # scratch holds gradient contributions (shapes of reached nodes) and the temporaries of reductions
+    # and softmax-like kernels (their inputs' shapes) -- not, e.g., a frozen weight that only feeds a GEMM
+    need = set(p.reached) | set(p.compute)
+    need |= {x for k in p.compute if p.nodes[k][0].kind not in ("matmul", "elementwise", "layout")
+             for x in p.nodes[k][1:3] if x >= 0}
+    big = max([math.prod(p.shapes[k]) for k in need] + [1])
     for j in range(3):
         add(("S", j), aligned_empty((big,), p.dtype))
     return bufs, index

@@ -254,3 +254,26 @@ def test_an_op_without_a_native_form_is_named():
     with pytest.raises(tg.TapeError, match=r"flip_test \(node 1\): the native backend has no kernel"):
         tg.capture(tape, loss, backend="native")
     assert float(tg.capture(tape, loss).forward()) == 3.0
+
+
+def test_native_capture_of_a_fine_tune_graph_holds_the_frozen_weight_once():
+    """Frozen weight (2 MiB const) + small adapter: the program's buffers cost one copy of the weight plus
+    activation-sized buffers, and ``drop_consts`` then frees the tape's copy."""
+    import tracemalloc
+    rng = np.random.default_rng(0)
+    big, xb = rng.standard_normal((512, 512)), rng.standard_normal((8, 512))
+    tape = tg.Tape()
+    frozen, x = tape.const(big), tape.const(xb)
+    a, b = tape.param(np.zeros((512, 4))), tape.param(rng.standard_normal((4, 512)) * 0.01)
+    loss = tg.mse(x @ frozen + (x @ a) @ b, tape.const(np.zeros((8, 512))))
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        prog = tg.capture(tape, loss, backend="native")
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert big.nbytes <= grown < 1.5 * big.nbytes, grown
+    assert tape.drop_consts() >= big.nbytes
+    prog.attach(tg.SGD(0.1))
+    assert np.isfinite(prog.episode())

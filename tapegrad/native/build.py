@@ -24,8 +24,8 @@ from ..errors import BuildError
 # 1.3-1.6x faster episodes on the tiny/small MLPs (the Adam step 3-4x). Still IEEE: no -ffast-math, so
 # GCC never reassociates a floating-point sum, and -ffp-contract=off forbids FMA contraction; the
 # bit-exactness tests check it. -march=native makes the library CPU-specific: the CPU is in the key.
-FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-std=c11", "-Wall", "-Wextra",
-         "-Werror")
+FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-std=c11",
+         "-Wall", "-Wextra", "-Werror")
 ENV = "TAPEGRAD_CACHE"
 
 

@@ -16,8 +16,8 @@ import math
 import os
 import re
 
-from .. import ops as O
 from ..errors import TapeError, at
+from . import kernels
 from .expr import dialect, parse
 
 FIRST = 8
@@ -60,22 +60,7 @@ def prologue(dtype, blas_bits=32):
         ""])
 
 
-def _strides(shape):
-    st, acc = [], 1
-    for n in reversed(shape):
-        st.append(acc)
-        acc *= n
-    return tuple(reversed(st))
-
-
-def _bstrides(xs, os_):
-    """Element strides of an operand of shape xs read over out shape os_ (0 on broadcast axes)."""
-    lead = len(os_) - len(xs)
-    st = _strides(xs)
-    return tuple(0 if k < lead or xs[k - lead] == 1 else st[k - lead] for k in range(len(os_)))
-
-
-def _arr(vals, ctype="long"):
+def _arr(vals):
     return "{" + ", ".join(str(int(v)) for v in vals) + "}" if vals else "{0}"
 
 
@@ -160,7 +145,7 @@ class Emitter:
             return f"t{x}" if x in inrun else f"v{x}[i]"
         if math.prod(xs) == 1:
             return f"v{x}[0]"
-        st = _bstrides(xs, os_)
+        st = kernels.bstrides(xs, os_)
         return f"v{x}[" + " + ".join(f"i{d} * {m}" for d, m in enumerate(st) if m) + "]"
 
     def kernel(self, name, os_, stmts):
@@ -183,7 +168,7 @@ class Emitter:
         for d, m in enumerate(os_):
             lines.append(f"{ind}for (long i{d} = 0; i{d} < {m}L; i{d}++) {{")
             ind += "    "
-        st = _strides(os_)
+        st = kernels.strides(os_)
         flat = " + ".join(f"i{d} * {m}L" for d, m in enumerate(st))
         lines.append(f"{ind}const long i = {flat};")
         lines += [ind + s for s in stmts]
@@ -193,50 +178,20 @@ class Emitter:
         return lines
 
     def node_forward(self, k):
+        """A non-elementwise node's forward: its entry in ``kernels.FORWARD``."""
+        n = self.node(k)
+        f = kernels.FORWARD.get(n.name)
+        if f is None:
+            raise TapeError(f"{at(n.name, k)}: the native backend has no kernel for this op; use backend='numpy'")
+        return f(n)
+
+    def node(self, k, side=None, first=False):
         p = self.p
         op, a, b, s = p.nodes[k]
-        A, B, V = self.V(a), (self.V(b) if b >= 0 else None), self.V(k)
-        ash, osh = p.shapes[a], p.shapes[k]
-        name = op.name
-        if name in ("sum", "mean", "max"):
-            return self.reduce(1 if name == "max" else 0, A, V, ash, _red_mask(ash, s[0])) + \
-                ([f"for (long i = 0; i < {self.n(k)}L; i++) {V}[i] = {V}[i] / {self.d.lit(float(O.count(ash, s)))};"]
-                 if name == "mean" else [])
-        if name == "matmul":
-            return [f"tg_mm((tg_gemm_t)T[0], 0, 0, {ash[0]}, {p.shapes[b][1]}, {ash[1]}, {A}, {B}, {V});"]
-        if name == "bmm":
-            bs, m, kk = ash
-            nn = p.shapes[b][2]
-            return [f"for (long q = 0; q < {bs}L; q++) tg_mm((tg_gemm_t)T[0], 0, 0, {m}, {nn}, {kk}, "
-                    f"{A} + q * {m * kk}L, {B} + q * {kk * nn}L, {V} + q * {m * nn}L);"]
-        if name == "transpose":
-            st = _strides(ash)
-            return self.gather(V, A, osh, [st[j] for j in s])
-        if name == "reshape":
-            return [f"memcpy({V}, {A}, {self.n(k)}UL * sizeof(real));"]
-        if name == "broadcast_to":
-            return self.gather(V, A, osh, _bstrides(ash, osh))
-        if name in ("softmax", "logsoftmax"):
-            outer, n, inner = _axis3(ash, s)
-            return [f"tg_softmax({int(name == 'logsoftmax')}, {A}, {V}, {self.S(0)}, {self.S(2)}, {outer}L, {n}L, "
-                    f"{inner}L);"]
-        if name == "softmax_xent":
-            outer, n, inner = _axis3(ash, s)
-            rows = outer * inner
-            tot = math.prod(ash)
-            S0 = self.S(0)
-            return [f"tg_softmax(1, {A}, {S0}, {self.S(1)}, {self.S(2)}, {outer}L, {n}L, {inner}L);",
-                    f"for (long i = 0; i < {tot}L; i++) {S0}[i] = {B}[i] * {S0}[i];"] + \
-                self.reduce(0, S0, V, (tot,), (1,)) + [f"{V}[0] = {V}[0] / {self.d.lit(float(-rows))};"]
-        if name == "slice":
-            st = _strides(ash)
-            off = sum(lo * m for (lo, _), m in zip(s, st))
-            return self.gather(V, f"{A} + {off}L", osh, st)
-        if name == "concat":
-            ost = _strides(osh)
-            off = ash[s] * ost[s]
-            return self.scatter(V, ost, A, ash, True) + self.scatter(f"{V} + {off}L", ost, B, p.shapes[b], True)
-        raise TapeError(f"{at(name, k)}: the native backend has no kernel for this op; use backend='numpy'")
+        j = a if side == "a" else b
+        return kernels.Node(self, op.name, k, a, b, s, f"v{a}", f"v{b}" if b >= 0 else None, f"v{k}", f"g{k}",
+                            p.shapes[a], p.shapes[b] if b >= 0 else None, p.shapes[k], side, j,
+                            (f"g{j}" if first else "S0") if side else None, first, self.d)
 
     def S(self, j):
         return f"S{j}"
@@ -314,101 +269,14 @@ class Emitter:
         return out
 
     def contrib(self, k, side, first):
-        """d loss/d input through a non-elementwise node, written to the gradient or added from S0."""
-        p = self.p
-        op, a, b, s = p.nodes[k]
-        j = a if side == "a" else b
-        dst = f"g{j}" if first else "S0"
-        A, B, G, V = self.V(a), (self.V(b) if b >= 0 else None), self.G(k), self.V(k)
-        ash, osh, jsh = p.shapes[a], p.shapes[k], p.shapes[j]
-        name = op.name
-        lines = None
-        if name in ("sum", "mean"):
-            st = _bstrides(_keep(ash, s), ash)
-            lines = self.gather(dst, G, ash, st)
-            if name == "mean":
-                lines.append(f"for (long i = 0; i < {self.n(a)}L; i++) {dst}[i] = {dst}[i] / "
-                             f"{self.d.lit(float(O.count(ash, s)))};")
-        elif name == "max":
-            st = _bstrides(_keep(ash, s), ash)
-            red = _red_mask(ash, s[0])
-            lines = self.gather("S1", V, ash, st)
-            lines.append(f"for (long i = 0; i < {self.n(a)}L; i++) {dst}[i] = {A}[i] == S1[i] ? "
-                         f"{self.d.lit(1.0)} : {self.d.lit(0.0)};")
-            lines += self.reduce(0, dst, "S2", ash, red)
-            lines.append(f"for (long i = 0; i < {self.n(k)}L; i++) S2[i] = {G}[i] / S2[i];")
-            lines += self.gather("S1", "S2", ash, st)
-            lines.append(f"for (long i = 0; i < {self.n(a)}L; i++) {dst}[i] = {dst}[i] * S1[i];")
-        elif name == "matmul":
-            m, kk = ash
-            nn = p.shapes[b][1]
-            lines = [f"tg_mm((tg_gemm_t)T[0], 0, 1, {m}, {kk}, {nn}, {G}, {B}, {dst});" if side == "a" else
-                     f"tg_mm((tg_gemm_t)T[0], 1, 0, {kk}, {nn}, {m}, {A}, {G}, {dst});"]
-        elif name == "bmm":
-            bs, m, kk = ash
-            nn = p.shapes[b][2]
-            if side == "a":
-                call = f"tg_mm((tg_gemm_t)T[0], 0, 1, {m}, {kk}, {nn}, {G} + q * {m * nn}L, {B} + q * {kk * nn}L, " \
-                       f"{dst} + q * {m * kk}L);"
-            else:
-                call = f"tg_mm((tg_gemm_t)T[0], 1, 0, {kk}, {nn}, {m}, {A} + q * {m * kk}L, {G} + q * {m * nn}L, " \
-                       f"{dst} + q * {kk * nn}L);"
-            lines = [f"for (long q = 0; q < {bs}L; q++) {call}"]
-        elif name == "transpose":
-            inv = [s.index(d) for d in range(len(s))]
-            st = _strides(osh)
-            lines = self.gather(dst, G, ash, [st[d] for d in inv])
-        elif name == "reshape":
-            return self.acc(j, G, first)
-        elif name == "broadcast_to":
-            return self.unbroadcast(G, osh, j, first)
-        elif name in ("softmax", "logsoftmax"):
-            outer, n, inner = _axis3(ash, s)
-            lines = [f"tg_softmax_da({int(name == 'logsoftmax')}, {G}, {V}, {dst}, S2, {outer}L, {n}L, {inner}L);"]
-        elif name == "softmax_xent":
-            outer, n, inner = _axis3(ash, s)
-            rows = self.d.lit(float(outer * inner))
-            tot = math.prod(ash)
-            if side == "a":
-                lines = [f"tg_softmax(0, {A}, {dst}, S1, S2, {outer}L, {n}L, {inner}L);"]
-                lines += self.reduce(0, B, "S2", (outer, n, inner), (0, 1, 0))
-                lines += [f"{{ const real q = {G}[0] / {rows};",
-                          f"  for (long o = 0; o < {outer}L; o++) for (long jj = 0; jj < {n}L; jj++) "
-                          f"for (long ii = 0; ii < {inner}L; ii++) {{",
-                          f"    const long i = (o * {n}L + jj) * {inner}L + ii;",
-                          f"    real t = {dst}[i] * S2[o * {inner}L + ii];",
-                          f"    t = t - {B}[i];",
-                          f"    {dst}[i] = t * q; }} }}"]
-            else:
-                lines = [f"tg_softmax(1, {A}, {dst}, S1, S2, {outer}L, {n}L, {inner}L);",
-                         f"{{ const real q = (-{G}[0]) / {rows};",
-                         f"  for (long i = 0; i < {tot}L; i++) {dst}[i] = {dst}[i] * q; }}"]
-        elif name == "slice":
-            st = _strides(ash)
-            off = sum(lo * m for (lo, _), m in zip(s, st))
-            lines = [f"tg_fill({dst}, {self.n(a)}L, {self.d.lit(0.0)});"] + \
-                self.scatter(f"{dst} + {off}L", st, G, osh, True)
-        elif name == "concat":
-            ost = _strides(osh)
-            off = 0 if side == "a" else ash[s] * ost[s]
-            lines = self.gather(dst, f"{G} + {off}L", jsh, ost)
-        if lines is None:
-            raise TapeError(f"{at(name, k)}: the native backend has no backward kernel for this op")
-        return lines + ([] if first else self.acc(j, "S0", False))
-
-
-def _red_mask(shape, axes):
-    axes = range(len(shape)) if axes is None else axes
-    return tuple(1 if k in axes else 0 for k in range(len(shape)))
-
-
-def _keep(shape, s):
-    axes = range(len(shape)) if s[0] is None else s[0]
-    return tuple(1 if k in axes else n for k, n in enumerate(shape))
-
-
-def _axis3(shape, s):
-    return math.prod(shape[:s]), shape[s], math.prod(shape[s + 1:])
+        """d loss/d input through a non-elementwise node (``kernels.BACKWARD``): written straight into the
+        gradient when it is the first contribution, else into S0 and added."""
+        n = self.node(k, side, first)
+        f = kernels.BACKWARD.get(n.name)
+        if f is None:
+            raise TapeError(f"{at(n.name, k)}: the native backend has no backward kernel for this op")
+        lines, done = f(n)
+        return lines if done or first else lines + self.acc(n.j, "S0", False)
 
 
 def _ptr_names(line):

@@ -16,7 +16,9 @@ import math
 import re
 import struct
 
-_TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+)|([A-Za-z_]\w*)|(>=|<=|==|!=|&&|\|\||[-+*/?:(),<>!]))")
+_TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+)"   # a number
+                    r"|([A-Za-z_]\w*)"                                         # a name
+                    r"|(>=|<=|==|!=|&&|\|\||[-+*/?:(),<>!]))")                  # an operator
 _BIN = [("?",), ("||",), ("&&",), ("==", "!="), ("<", ">", "<=", ">="), ("+", "-"), ("*", "/")]
 FUNCS = ("exp", "log", "sqrt", "fabs", "tanh", "pow")
 

@@ -12,7 +12,7 @@ from tapegrad import ops as O
 from tapegrad.errors import BuildError
 from tapegrad.native import build
 
-from capture_util import batches, captured, eager, every_op_graph
+from capture_util import batches, captured, eager, every_op_graph, make_opt, mlp, mlp_init, register
 
 # The bound for ops whose tier is not IEEE-exact (registry ``tier``): per element,
 # |native − tape| <= ULPS · spacing(max(|native|, |tape|)) + ULPS · eps · max|tape| (the second term
@@ -277,3 +277,33 @@ def test_native_capture_of_a_fine_tune_graph_holds_the_frozen_weight_once():
     assert tape.drop_consts() >= big.nbytes
     prog.attach(tg.SGD(0.1))
     assert np.isfinite(prog.episode())
+
+
+@pytest.mark.parametrize("opt", ["sgd_clip_seed", "adam_clip_optax", "adam_hat_clip_torch"])
+def test_float32_tape_and_float32_native_program_agree_bit_for_bit(opt):
+    """On a float32 tape, an exact-tier graph (relu, matmul, mse) and every optimizer form replay
+    natively in float32 bit for bit (NumPy's float32 libm differs from glibc's: libm ops are bounded)."""
+    init = [a.astype(np.float32) for a in mlp_init(SIZES)]
+    tape = tg.Tape(np.float32)
+    params = [tape.param(a) for a in init]
+    o = make_opt(opt)
+    register(o, tape, params)
+    m = tape.mark()
+    want = []
+    for xb, yb in DATA:
+        _, _, out = mlp(tape, params, xb, yb, loss="mse")
+        want.append(float(tape.value(out)))
+        tape.backward(out)
+        o.step()
+        tape.reset_to(m)
+    tape2 = tg.Tape(np.float32)
+    params2 = [tape2.param(a) for a in init]
+    o2 = make_opt(opt)
+    register(o2, tape2, params2)
+    tape2.mark()
+    x, y, out = mlp(tape2, params2, *DATA[0], loss="mse")
+    prog = tg.capture(tape2, out, backend="native", dtype="float32")
+    prog.attach(o2)
+    assert [prog.episode({x: xb, y: yb}) for xb, yb in DATA] == want
+    for p, q in zip(params2, params):
+        assert np.array_equal(prog.value(p), tape.value(q))

@@ -1,4 +1,5 @@
 """Capture and the NumPy replay: bit-identical to the eager tape, allocation-free, with clear errors."""
+import os
 import subprocess
 import sys
 import tracemalloc
@@ -222,7 +223,8 @@ def test_float32_program_stays_within_the_stated_bound():
 
 
 def test_hash64_is_stable_across_processes():
-    code = ("import sys; sys.path.insert(0, 'tests'); from capture_util import *; "
+    here_dir = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys; sys.path.insert(0, {here_dir!r}); from capture_util import *; "
             "p = captured((8, 16, 16, 3), batches((8, 16, 16, 3), 12, 1), 'adam')[0]; print(p.hash64)")
     here = captured(SIZES, DATA, "adam")[0].hash64
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,1 +1,7 @@
-"""The native backend: generated C, its build cache, the fusion planner and the ctypes runner."""
+"""The native backend of a captured program: generated C, built once, called once per episode.
+
+``expr`` parses and prints the registry's scalar C expressions (C and CUDA dialects), ``kernels`` prints
+the non-elementwise ops, ``fuse`` plans fused elementwise loops, ``codegen`` prints a whole program
+(fixed ABI), ``build`` compiles it into the content-hashed cache, ``runner`` owns the buffer table and
+calls the library (and answers ``Program.native_abi()``); ``runtime.c`` holds the generic kernels.
+"""

@@ -78,7 +78,8 @@ class Program:
 
     Build one with ``tapegrad.capture``. Inputs (constants, lazy constants, parameters) take fresh
     values with ``set_input``; ``forward``/``backward``/``step``/``episode`` run the backend;
-    ``value``/``grad``/``loss`` read results as read-only views (no copies).
+    ``value``/``grad``/``loss`` read results as read-only views (no copies) that the next run
+    overwrites. A program owns one set of buffers: run it from one thread at a time.
     """
 
     def __init__(self, tape, loss, backend, dtype, fuse):

@@ -12,6 +12,15 @@
 [6.0, 6.0]
 >>> prog.set_input(x, np.array([[2.0, 0.0]])); float(prog.forward())
 4.0
+
+The optimizer runs inside the program; ``episode`` is inputs + forward + backward + step in one call:
+
+>>> opt = tg.SGD(0.1); _ = opt.add(tape, w)
+>>> prog.attach(opt)
+>>> prog.episode({x: np.array([[1.0, 1.0]])})
+9.0
+>>> np.round(prog.value(w).ravel(), 12).tolist(), prog.optimizer_state()["count"]
+([0.4, 1.4], 1)
 """
 import copy
 import hashlib

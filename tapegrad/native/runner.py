@@ -60,6 +60,8 @@ def _numpy_blas(pre):
         except OSError:
             continue
         for pattern, bits in _SYMBOLS:
+            if bits == 32 and "64" in os.path.basename(path):
+                continue   # an ILP64 build may export unsuffixed names too; its ints would not match
             try:
                 gemm = getattr(lib, pattern.format(pre + "gemm"))
                 dot = getattr(lib, pattern.format(pre + "dot"))

@@ -326,3 +326,16 @@ def test_native_episode_allocates_nothing_traced():
     finally:
         tracemalloc.stop()
     assert peak - base < 2048 and current - base < 512, (peak - base, current - base)
+
+
+def test_scipy_cython_blas_fallback(tmp_path):
+    """With TAPEGRAD_BLAS=scipy the GEMMs go through scipy.linalg.cython_blas's function pointers."""
+    code = ("import numpy as np, tapegrad as tg\n"
+            "t = tg.Tape(); a = t.param(np.arange(12.0).reshape(3, 4)); b = t.param(np.ones((4, 5)))\n"
+            "l = (a @ b).sum(); t.backward(l)\n"
+            "p = tg.capture(t, l, backend='native'); p.forward(); p.backward()\n"
+            "print(p.runner.blas[3], float(p.loss()) == float(t.value(l)), "
+            "bool((p.grad(a) == t.grad(a)).all() and (p.grad(b) == t.grad(b)).all()))\n")
+    env = {**os.environ, "TAPEGRAD_BLAS": "scipy", build.ENV: str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["scipy.linalg.cython_blas", "True", "True"]

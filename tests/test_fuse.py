@@ -89,3 +89,17 @@ def test_generated_source_golden():
     if os.environ.get("TAPEGRAD_REGEN_GOLDEN") == "1":
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text(), f"{GOLDEN} differs; review and regenerate with TAPEGRAD_REGEN_GOLDEN=1"
+
+
+def test_cuda_dialect_of_the_same_segments_golden():
+    """The fused segments printed as CUDA kernels from the same expressions (``__d*_rn``: no FMA
+    contraction by nvcc); the future GPU backend's starting point. Regenerate with TAPEGRAD_REGEN_GOLDEN=1."""
+    tape, loss, _ = tiny_mlp()
+    prog = tg.capture(tape, loss)
+    _, index = layout(prog)
+    text = codegen.Emitter(prog, index, *fuse.plan(prog, True), target="cuda").elementwise_kernels()
+    path = GOLDEN.with_name("native_mlp_elementwise.cu")
+    if os.environ.get("TAPEGRAD_REGEN_GOLDEN") == "1":
+        path.write_text(text)
+    assert "__dmul_rn" in text and "__dadd_rn" in text and "t7 * t7" not in text
+    assert text == path.read_text(), f"{path} differs; review and regenerate with TAPEGRAD_REGEN_GOLDEN=1"

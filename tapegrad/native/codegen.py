@@ -8,9 +8,10 @@ gradients, scratch, optimizer state). Elementwise nodes print the registry's C e
 one dialect (``expr.py``); the rest call the runtime kernels in ``runtime.c``. A fused segment is one
 loop whose body is the unfused loop bodies in node order, so it rounds identically.
 
-CUDA is meant to be another dialect of this source: the same expressions printed by ``expr.CUDA64`` /
-``CUDA32`` (``__dadd_rn``… so nvcc cannot contract them), a fused segment's loop body becoming a
-kernel body over the element index, and the runtime's reductions keeping NumPy's order per thread.
+CUDA is another dialect of this source (``target="cuda"``): the same expressions printed by
+``expr.CUDA64``/``CUDA32`` (``__dadd_rn``…, so nvcc cannot contract them) and each fused segment's loop
+body becoming a kernel body over the element index (``Emitter.elementwise_kernels``); the GPU backend
+will add cuBLAS calls and reductions that keep NumPy's order per thread.
 """
 import math
 import os
@@ -67,9 +68,9 @@ def _arr(vals):
 class Emitter:
     """Prints one program. ``buf`` maps ("v", k) / ("g", k) / ("S", j) to buffer-table indices."""
 
-    def __init__(self, prog, buf, segments_fwd, segments_bwd, blas_bits=32):
-        self.p, self.buf, self.blas_bits = prog, buf, blas_bits
-        self.d = dialect(prog.dtype)
+    def __init__(self, prog, buf, segments_fwd, segments_bwd, blas_bits=32, target="c"):
+        self.p, self.buf, self.blas_bits, self.target = prog, buf, blas_bits, target
+        self.d = dialect(prog.dtype, target)
         self.segf, self.segb = segments_fwd, segments_bwd
         self.helpers = []
 
@@ -152,11 +153,38 @@ class Emitter:
         """An elementwise loop as its own function: its buffers are ``restrict`` parameters (GCC honours
         restrict on parameters, not on locals loaded from the table, and a fused loop reads more streams
         than it will version for aliasing), so every loop vectorises; the call site passes the buffers."""
+        if self.target == "cuda":
+            return self.cuda_kernel(name, os_, stmts)
         body = self.loop(os_, stmts)
         used = sorted({tok for line in body for tok in _ptr_names(line)}, key=_ptr_key)
         params = ", ".join(f"real *restrict {n}" for n in used)
         self.helpers += [f"static void {name}({params})", "{"] + ["    " + ln for ln in body] + ["}", ""]
         return [f"{name}({', '.join(used)});"]
+
+    def cuda_kernel(self, name, os_, stmts):
+        """The same loop body as a CUDA kernel, one thread per element (the dialect already printed the
+        arithmetic as ``__d*_rn`` intrinsics, so nvcc cannot contract it into FMAs)."""
+        n = math.prod(os_)
+        used = sorted({tok for line in stmts for tok in _ptr_names(line)}, key=_ptr_key)
+        params = ", ".join(f"real *__restrict__ {p}" for p in used)
+        idx = [f"    const long i{d} = (i / {st}L) % {m}L;" for d, (m, st) in
+               enumerate(zip(os_, kernels.strides(os_)))] if re.search(r"\bi\d+ \* ", " ".join(stmts)) else []
+        self.helpers += [f"__global__ void {name}({params})", "{",
+                         "    const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;",
+                         f"    if (i >= {n}L)", "        return;"] + idx + ["    " + st for st in stmts] + ["}", ""]
+        return [f"{name}<<<{-(-n // 256)}, 256>>>({', '.join(used)});"]
+
+    def elementwise_kernels(self):
+        """Only the elementwise segments' kernels (forward, then backward), e.g. for the CUDA dialect,
+        where GEMMs and reductions would come from cuBLAS and separate kernels."""
+        p = self.p
+        for seg in self.segf:
+            if len(seg) > 1 or p.nodes[seg[0]][0].kind == "elementwise":
+                self.ew_forward(seg)
+        for seg in self.segb:
+            if len(seg) > 1 or p.nodes[seg[0][0]][0].kind == "elementwise":
+                self.ew_backward(seg)
+        return "\n".join(self.helpers)
 
     def loop(self, os_, stmts):
         """One loop over the out shape: flat when no operand broadcasts along a non-trivial axis."""

@@ -55,7 +55,7 @@ def capture(tape, loss, backend="numpy", dtype="float64", fuse=True):
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise DTypeError(f"capture: dtype must be float64 or float32, got {dt}")
-    return Program(tape, loss, backend, dt, bool(fuse))
+    return Program(tape, loss, backend, dt, fuse if fuse == "libm" else bool(fuse))
 
 
 class _Opt:

@@ -22,28 +22,30 @@ from .expr import calls
 _VECTOR = {"sqrt", "fabs"}   # functions that are single vector instructions (with -fno-math-errno)
 
 
-def _ew(op, field):
+def _ew(op, field, libm=False):
     if op.kind != "elementwise" or getattr(op, field) is None:
         return False
-    return not (calls(expr_of(op, field)) - _VECTOR)
+    return libm or not (calls(expr_of(op, field)) - _VECTOR)
 
 
-def _bwd_ok(op, field, target, shape):
+def _bwd_ok(op, field, target, shape, libm=False):
     """A backward contribution fits a fused loop when it is elementwise into a same-shape gradient, or
     when it is ``g`` itself into a broadcast input: that one is reduced from g's buffer right after
     the loop (g is final by then; the loop writes only same-shape gradients, never this one)."""
     if target == shape:
-        return _ew(op, field)
+        return _ew(op, field, libm)
     return getattr(op, field) is not None and expr_of(op, field) == ("var", "g")
 
 
-def plan(prog, fuse=True):
-    """(forward segments: lists of node ids; backward segments: lists of schedule entries)."""
+def plan(prog, fuse=True, libm=False):
+    """(forward segments: lists of node ids; backward segments: lists of schedule entries).
+
+    ``libm=True`` fuses libm calls too: only for the benchmark that keeps this policy honest."""
     nodes, shapes = prog.nodes, prog.shapes
     fwd = []
     for k in prog.compute:
         op = nodes[k][0]
-        if fuse and fwd and _ew(op, "c_fwd") and _ew(nodes[fwd[-1][-1]][0], "c_fwd") \
+        if fuse and fwd and _ew(op, "c_fwd", libm) and _ew(nodes[fwd[-1][-1]][0], "c_fwd", libm) \
                 and shapes[k] == shapes[fwd[-1][-1]]:
             fwd[-1].append(k)
         else:
@@ -52,7 +54,7 @@ def plan(prog, fuse=True):
     for e in prog.sched:
         k, ta, _, tb, _ = e
         op, a, b, _ = nodes[k]
-        ok = op.kind == "elementwise" and all(_bwd_ok(op, f, shapes[j], shapes[k]) for to, f, j in
+        ok = op.kind == "elementwise" and all(_bwd_ok(op, f, shapes[j], shapes[k], libm) for to, f, j in
                                               ((ta, "c_da", a), (tb, "c_db", b)) if to)
         if fuse and ok and bwd and bwd[-1][-1][0] in fusable and shapes[bwd[-1][-1][0]] == shapes[k]:
             bwd[-1].append(e)

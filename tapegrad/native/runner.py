@@ -122,7 +122,7 @@ class NativeRunner:
     def __init__(self, prog):
         p = self.p = prog
         self.bufs, self.index = layout(p)
-        self.fwd_segs, self.bwd_segs = fuse.plan(p, p.fuse)
+        self.fwd_segs, self.bwd_segs = fuse.plan(p, bool(p.fuse), p.fuse == "libm")
         self.blas = blas_pointers(p.dtype)
         self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2]).emit()
         self.path = build.build(self.source)

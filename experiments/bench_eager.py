@@ -29,9 +29,9 @@ def data(batch, sizes, seed=1):
     return rng.standard_normal((batch, sizes[0])), np.eye(sizes[-1])[rng.integers(0, sizes[-1], batch)]
 
 
-def tape_step(batch, sizes):
+def tape_step(batch, sizes, sources=True):
     x_np, y_np = data(batch, sizes)
-    tape = tg.Tape()
+    tape = tg.Tape(sources=sources)
     params = [tape.param(p) for p in init(sizes)]
     opt = tg.Adam(1e-3)
     for p in params:
@@ -147,12 +147,13 @@ def main():
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     reps, inner = (3, 20) if args.quick else (15, 100)
-    print("| size | tape step µs | NumPy floor µs | tape / floor |")
-    print("|---|---:|---:|---:|")
+    print("| size | tape step µs | tape, sources=False | NumPy floor µs | tape / floor | sources=False / floor |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, (batch, sizes) in SIZES.items():
-        t = side_by_side({"tape": tape_step(batch, sizes), "numpy": numpy_step(batch, sizes)}, reps, inner)
-        print(f"| {name} ({batch}; {'-'.join(map(str, sizes))}) | {t['tape']:.0f} | {t['numpy']:.0f} | "
-              f"{t['tape'] / t['numpy']:.2f}× |")
+        t = side_by_side({"tape": tape_step(batch, sizes), "lean": tape_step(batch, sizes, sources=False),
+                          "numpy": numpy_step(batch, sizes)}, reps, inner)
+        print(f"| {name} ({batch}; {'-'.join(map(str, sizes))}) | {t['tape']:.0f} | {t['lean']:.0f} | "
+              f"{t['numpy']:.0f} | {t['tape'] / t['numpy']:.2f}× | {t['lean'] / t['numpy']:.2f}× |")
     t = side_by_side({"tape": chain_tape(), "numpy": chain_numpy()}, reps, inner // 4 or 1)
     print()
     print("| 100-op elementwise chain + backward, shape (4,) | µs per op |")

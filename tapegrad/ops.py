@@ -371,14 +371,14 @@ def xent_da(g, out, a, b, s, ws):
     np.add.reduce(b, axis=s, keepdims=True, out=r)
     np.multiply(t, r, out=t)
     np.subtract(t, b, out=t)
-    return np.multiply(t, g / xent_rows(a.shape, s), out=t)
+    return np.multiply(t, float(g) / xent_rows(a.shape, s), out=t)
 
 
 def xent_db(g, out, a, b, s, ws):
     # −log_softmax(a) · g / rows
     t = ws.take(a.shape)
     logsoftmax_fwd(a, None, s, t, ws)
-    return np.multiply(t, -g / xent_rows(a.shape, s), out=t)
+    return np.multiply(t, -float(g) / xent_rows(a.shape, s), out=t)
 
 
 def slice_da(g, out, a, b, s, ws):

@@ -247,3 +247,12 @@ def test_operators_and_methods_match_numpy():
     ]
     for var, want in cases:
         np.testing.assert_allclose(tape.value(var), want, rtol=1e-15, err_msg=repr(var))
+
+
+def test_sources_false_skips_the_frame_lookup_and_says_so():
+    tape = tg.Tape(sources=False)
+    x = tape.param(np.array([-1.0]))
+    with np.errstate(invalid="ignore"):
+        x.sqrt()
+    bad = tape.first_nonfinite()
+    assert (bad.node, bad.op, bad.where) == (1, "sqrt", "?")

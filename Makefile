@@ -20,6 +20,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python experiments/bench_eager.py
+	$(BIN)/python experiments/bench_capture.py
+	$(BIN)/python experiments/bench_interop.py
+	$(BIN)/python experiments/emit_logreg.py
 
 clean:
 	rm -rf $(VENV) experiments/out/*.png

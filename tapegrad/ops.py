@@ -537,7 +537,8 @@ abs = op("abs", 1, same, doc="|a|; gradient sign(a), 0 at 0",
          fwd=lambda a, b, s, out, ws: np.abs(a, out=out),
          da=abs_da,
          ref=lambda jnp, a, b, s: jnp.abs(a),
-         c_fwd="fabs(a)", c_da="g * (a > 0.0 ? 1.0 : (a < 0.0 ? -1.0 : 0.0))", domain=(away0,), cases=UN)
+         c_fwd="fabs(a)", c_da="g * (a > 0.0 ? 1.0 : (a < 0.0 ? -1.0 : (a == 0.0 ? 0.0 : a)))", domain=(away0,),
+         cases=UN)
 sigmoid = op("sigmoid", 1, same,
              fwd=sigmoid_fwd,
              da=into(lambda g, out, a, b, s, t: (np.subtract(1.0, out, out=t), np.multiply(out, t, out=t),

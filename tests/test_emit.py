@@ -336,9 +336,9 @@ def test_cuda_dialect_gives_the_c_bits(libs):
 
 
 SPECIAL = [0.0, -0.0, 1.0, -2.5, math.inf, -math.inf, math.nan, 5e-324, 1e308]
-# Registry C forms that differ from NumPy when the input a is NaN: np.sign(NaN) is NaN where abs's C
-# derivative gives 0. Reported to the registry's owner; the test fails once it is fixed, so the entry can go.
-NAN_GAPS = {"abs"}
+# Registry C forms that may differ from NumPy when the input a is NaN (none today: abs's derivative
+# now passes NaN through as np.sign does).
+NAN_GAPS = set()
 
 
 def test_exact_ops_on_special_values(libs):

@@ -62,7 +62,7 @@ double grad(const double *p, double *g, const double *v)
     double g25 = g26;
     double g24 = g25 * t18;
     g18 += g25 * t24;
-    double g23 = g24 * (t23 > 0.0 ? 1.0 : (t23 < 0.0 ? -1.0 : 0.0));
+    double g23 = g24 * (t23 > 0.0 ? 1.0 : (t23 < 0.0 ? -1.0 : (t23 == 0.0 ? 0.0 : t23)));
     g2 += g23;
     double g21 = g22;
     double g15 = g22;

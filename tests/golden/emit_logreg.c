@@ -34,7 +34,7 @@ double grad(const double *p, double *g, const double *v)
     double g19 = g20;
     double g18 = g19 * t19;
     double g17 = -g18;
-    double g13 = g17 * (t13 > 0.0 ? 1.0 : (t13 < 0.0 ? -1.0 : 0.0));
+    double g13 = g17 * (t13 > 0.0 ? 1.0 : (t13 < 0.0 ? -1.0 : (t13 == 0.0 ? 0.0 : t13)));
     double g14 = g16;
     double g15 = -g16;
     g13 += g15 * t7;

@@ -14,6 +14,21 @@ def test_op_table_is_generated_from_the_registry():
     assert table == O.markdown_table(), "run: python experiments/readme_ops.py"
 
 
+def blocks():
+    return re.findall(r"```python\n(.*?)```", README, re.S)
+
+
+def test_capture_and_jax_examples_run():
+    scope = {}
+    exec(compile(blocks()[1], "README.md", "exec"), scope)
+    tape, program, W = scope["tape"], scope["program"], scope["W"]
+    assert np.array_equal(tape.value(W), program.value(W))
+    assert float(program.loss()) < 0.6
+    exec(compile(blocks()[2], "README.md", "exec"), scope)
+    assert scope["report"].ok and scope["g"].shape == (8, 3)
+    assert float(scope["loss_value"]) > 0
+
+
 def test_the_mlp_example_trains():
     code = re.search(r"## An MLP trained on the tape\n\n```python\n(.*?)```", README, re.S).group(1)
     assert len(code.strip().splitlines()) <= 20

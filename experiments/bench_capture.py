@@ -13,7 +13,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tapegrad as tg  # noqa: E402
-from bench_eager import data, init, numpy_step, side_by_side, tape_step  # noqa: E402
+from bench_eager import numpy_step, side_by_side, tape_step  # noqa: E402
+from mlp import data, init, jax_loss, tape_loss  # noqa: E402
 
 SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10)),
          "medium": (256, (784, 512, 512, 10)), "large": (1024, (1024, 2048, 2048, 1024))}
@@ -30,12 +31,7 @@ def program_step(batch, sizes, backend, fuse=True):
         opt.add(tape, p)
     tape.mark()
     x, y = tape.const(x_np), tape.const(y_np)
-    h = x
-    for k in range(0, len(params), 2):
-        h = h @ params[k] + params[k + 1]
-        if k + 2 < len(params):
-            h = h.relu()
-    prog = tg.capture(tape, tg.softmax_cross_entropy(h, y), backend=backend, fuse=fuse)
+    prog = tg.capture(tape, tape_loss(tape, params, x, y), backend=backend, fuse=fuse)
     prog.attach(opt)
     feed = {x: x_np, y: y_np}
     return lambda: prog.episode(feed), prog
@@ -51,17 +47,9 @@ def jax_step(batch, sizes):
     tx = optax.adam(LR)
     state = [params, tx.init(params)]
 
-    def loss(ps, x, y):
-        h = x
-        for k in range(0, len(ps), 2):
-            h = h @ ps[k] + ps[k + 1]
-            if k + 2 < len(ps):
-                h = jax.nn.relu(h)
-        return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(h, axis=1), axis=1))
-
     @jax.jit
     def step(ps, st, x, y):
-        val, g = jax.value_and_grad(loss)(ps, x, y)
+        val, g = jax.value_and_grad(jax_loss)(ps, x, y)
         upd, st = tx.update(g, st, ps)
         return optax.apply_updates(ps, upd), st, val
 

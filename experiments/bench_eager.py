@@ -12,21 +12,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tapegrad as tg  # noqa: E402
+from mlp import data, init, tape_loss  # noqa: E402
 
 SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10))}
-
-
-def init(sizes, seed=0):
-    rng = np.random.default_rng(seed)
-    ps = []
-    for i, o in zip(sizes[:-1], sizes[1:]):
-        ps += [rng.uniform(-1, 1, (i, o)) * np.sqrt(6.0 / i), np.zeros(o)]
-    return ps
-
-
-def data(batch, sizes, seed=1):
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((batch, sizes[0])), np.eye(sizes[-1])[rng.integers(0, sizes[-1], batch)]
 
 
 def tape_step(batch, sizes, sources=True):
@@ -39,13 +27,7 @@ def tape_step(batch, sizes, sources=True):
     start = tape.mark()
 
     def step():
-        h = tape.const(x_np)
-        for k in range(0, len(params), 2):
-            h = h @ params[k] + params[k + 1]
-            if k + 2 < len(params):
-                h = h.relu()
-        loss = tg.softmax_cross_entropy(h, tape.const(y_np))
-        tape.backward(loss)
+        tape.backward(tape_loss(tape, params, x_np, tape.const(y_np)))
         opt.step()
         tape.reset_to(start)
     return step

@@ -21,33 +21,9 @@ import tapegrad as tg
 from interop import jax, jnp
 from interop import program as P
 from interop.callback import copying_call
+from mlp import init, jax_loss, tape_loss
 
 SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10))}
-
-
-def init(sizes, rng):
-    ps = []
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        ps += [rng.uniform(-1, 1, (a, b)) * np.sqrt(6.0 / a), np.zeros(b)]
-    return ps
-
-
-def tape_model(tape, params, xb, yb):
-    h = tape.const(xb)
-    for k in range(0, len(params), 2):
-        h = h @ params[k] + params[k + 1]
-        if k + 2 < len(params):
-            h = h.relu()
-    return tg.softmax_cross_entropy(h, tape.const(yb))
-
-
-def jax_loss(params, xb, yb):
-    h = xb
-    for k in range(0, len(params), 2):
-        h = h @ params[k] + params[k + 1]
-        if k + 2 < len(params):
-            h = jax.nn.relu(h)
-    return -jnp.mean(jnp.sum(yb * jax.nn.log_softmax(h, axis=-1), axis=-1))
 
 
 def timeit(fn, reps=7, min_time=0.15):
@@ -73,7 +49,7 @@ def timeit(fn, reps=7, min_time=0.15):
 def setup(name, backend="native"):
     batch, sizes = SIZES[name]
     rng = np.random.default_rng(0)
-    ps = init(sizes, rng)
+    ps = init(sizes)
     xb = rng.standard_normal((batch, sizes[0]))
     yb = np.eye(sizes[-1])[rng.integers(0, sizes[-1], batch)]
     tape = tg.Tape()
@@ -81,7 +57,7 @@ def setup(name, backend="native"):
     opt = tg.Adam(1e-3)
     for p in params:
         opt.add(tape, p)
-    prog = tg.capture(tape, tape_model(tape, params, xb, yb), backend=backend)
+    prog = tg.capture(tape, tape_loss(tape, params, xb, yb), backend=backend)
     prog.attach(opt)
     return prog, ps, xb, yb
 

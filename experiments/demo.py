@@ -14,6 +14,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tapegrad as tg  # noqa: E402
+from mlp import init, predict, tape_loss  # noqa: E402
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 SIZES = (64, 64, 10)
@@ -28,34 +29,6 @@ def load_digits(seed=0):
     X, y = X[order], y[order]
     cut = int(0.8 * len(X))
     return X[:cut], y[:cut], X[cut:], y[cut:]
-
-
-def init_params(sizes, seed=0):
-    rng = np.random.default_rng(seed)
-    params = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
-        bound = np.sqrt(6.0 / fan_in)
-        params += [rng.uniform(-bound, bound, (fan_in, fan_out)), np.zeros(fan_out)]
-    return params
-
-
-def model(tape, params, xb, yb):
-    """One episode: logits of an MLP with ReLU hidden layers, then softmax cross-entropy."""
-    h = tape.const(xb)
-    for k in range(0, len(params), 2):
-        h = h @ params[k] + params[k + 1]
-        if k + 2 < len(params):
-            h = h.relu()
-    return tg.softmax_cross_entropy(h, tape.const(yb))
-
-
-def predict(param_arrays, X):
-    h = X
-    for k in range(0, len(param_arrays), 2):
-        h = h @ param_arrays[k] + param_arrays[k + 1]
-        if k + 2 < len(param_arrays):
-            h = np.maximum(h, 0.0)
-    return h.argmax(axis=1)
 
 
 def make_batches(X, y, batch, epochs, seed=1):
@@ -121,7 +94,7 @@ def plot(losses, path):
 def main():
     os.makedirs(OUT, exist_ok=True)
     Xtr, ytr, Xte, yte = load_digits()
-    ctx = SimpleNamespace(sizes=SIZES, lr=LR, init=init_params(SIZES), model=model,
+    ctx = SimpleNamespace(sizes=SIZES, lr=LR, init=init(SIZES), model=tape_loss,
                           batches=make_batches(Xtr, ytr, BATCH, EPOCHS),
                           make_opt=lambda: tg.Adam(LR),
                           accuracy=lambda ps: float((predict(ps, Xte) == yte).mean()),

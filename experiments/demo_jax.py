@@ -10,16 +10,7 @@ import time
 import numpy as np
 
 import tapegrad as tg
-
-
-def jax_loss(jnp, jax, params, xb, yb):
-    """The demo model written in jax.numpy: ReLU MLP, mean softmax cross-entropy."""
-    h = xb
-    for k in range(0, len(params), 2):
-        h = h @ params[k] + params[k + 1]
-        if k + 2 < len(params):
-            h = jax.nn.relu(h)
-    return -jnp.mean(jnp.sum(yb * jax.nn.log_softmax(h, axis=-1), axis=-1))
+from mlp import jax_loss
 
 
 def _episode(ctx, interop):
@@ -59,7 +50,7 @@ def _plain(ctx, interop):
 
     @jax.jit
     def step(params, opt_state, xb, yb):
-        loss, g = jax.value_and_grad(lambda p: jax_loss(jnp, jax, p, xb, yb))(params)
+        loss, g = jax.value_and_grad(lambda p: jax_loss(p, xb, yb))(params)
         updates, opt_state = tx.update(g, opt_state, params)
         return loss, optax.apply_updates(params, updates), opt_state
 
@@ -97,7 +88,7 @@ def section(ctx):
     print(f"  program_episode is {pj_us / ep_us:.1f}× the speed of the plain-JAX step "
           f"(eager tape: {ctx.eager_us:.0f} µs per step)")
     xb, yb = ctx.batches[0]
-    r = interop.check_grads(lambda p: jax_loss(jnp, jax, p, jnp.asarray(xb), jnp.asarray(yb)),
+    r = interop.check_grads(lambda p: jax_loss(p, jnp.asarray(xb), jnp.asarray(yb)),
                             [jnp.asarray(p) for p in ctx.init])
     print(f"  gradient oracle: check_grads(plain-JAX loss) replayed {r.n_eqns} jaxpr equations on a tape: "
           f"{'agrees' if r.ok else 'DISAGREES'} with jax.grad, max rel grad diff {max(r.max_rel):.2g} "

@@ -1,0 +1,59 @@
+"""The MLP every demo and benchmark trains: ReLU hidden layers, mean softmax cross-entropy, Adam.
+
+One definition per system (tape, NumPy by hand lives in bench_eager, jax.numpy), so the systems the
+benchmarks compare are the same model.
+"""
+import numpy as np
+
+import tapegrad as tg
+
+
+def init(sizes, seed=0):
+    """[W1, b1, W2, b2, …]: uniform in ±√(6/fan_in), zero biases."""
+    rng = np.random.default_rng(seed)
+    params = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        params += [rng.uniform(-1.0, 1.0, (fan_in, fan_out)) * np.sqrt(6.0 / fan_in), np.zeros(fan_out)]
+    return params
+
+
+def data(batch, sizes, seed=1):
+    """A random minibatch and one-hot labels."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((batch, sizes[0])), np.eye(sizes[-1])[rng.integers(0, sizes[-1], batch)]
+
+
+def logits(h, params):
+    """The MLP on a tape: ``h`` a Var (or anything with ``@``, ``+``, ``.relu()``)."""
+    for k in range(0, len(params), 2):
+        h = h @ params[k] + params[k + 1]
+        if k + 2 < len(params):
+            h = h.relu()
+    return h
+
+
+def tape_loss(tape, params, x, y):
+    """One episode on ``tape``; ``x``/``y`` are arrays (copied in as constants) or const Vars."""
+    x = x if isinstance(x, tg.Var) else tape.const(x)
+    return tg.softmax_cross_entropy(logits(x, params), y)
+
+
+def jax_loss(params, x, y):
+    """The same loss in jax.numpy (imports jax through interop, on first use)."""
+    from interop import jax, jnp
+    h = x
+    for k in range(0, len(params), 2):
+        h = h @ params[k] + params[k + 1]
+        if k + 2 < len(params):
+            h = jax.nn.relu(h)
+    return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(h, axis=-1), axis=-1))
+
+
+def predict(param_arrays, X):
+    """Class predictions in plain NumPy (for test accuracy)."""
+    h = X
+    for k in range(0, len(param_arrays), 2):
+        h = h @ param_arrays[k] + param_arrays[k + 1]
+        if k + 2 < len(param_arrays):
+            h = np.maximum(h, 0.0)
+    return h.argmax(axis=1)

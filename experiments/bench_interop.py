@@ -159,7 +159,6 @@ def steps(name):
 
 def main():
     try:
-        import scipy.linalg.cython_blas  # noqa: F401  (load the native backend's BLAS before limiting it)
         from threadpoolctl import threadpool_limits
         threadpool_limits(1, "blas")
     except ImportError:

@@ -55,13 +55,28 @@ def progress(k, n, loss, width=30):
     sys.stdout.flush()
 
 
-def train_eager(ctx):
+def fresh(ctx):
+    """A new tape holding the initial parameters, registered with a new optimizer; then a mark."""
     tape = tg.Tape()
     params = [tape.param(p) for p in ctx.init]
     opt = ctx.make_opt()
     for p in params:
         opt.add(tape, p, l2=0.0)
-    start = tape.mark()
+    return tape, params, opt, tape.mark()
+
+
+def capture_episode(ctx, backend, fuse=True):
+    """Record one episode on a fresh tape (same init), capture it, attach a fresh optimizer."""
+    tape, params, opt, _ = ctx.fresh()
+    xb, yb = ctx.batches[0]
+    x, y = tape.const(xb), tape.const(yb)            # the episode's input slots
+    prog = tg.capture(tape, ctx.model(tape, params, x, y), backend=backend, fuse=fuse)
+    prog.attach(opt)
+    return prog, params, x, y
+
+
+def train_eager(ctx):
+    tape, params, opt, start = ctx.fresh()
     losses = []
     t0 = time.perf_counter()
     for k, (xb, yb) in enumerate(ctx.batches):
@@ -96,7 +111,8 @@ def main():
     Xtr, ytr, Xte, yte = load_digits()
     ctx = SimpleNamespace(sizes=SIZES, lr=LR, init=init(SIZES), model=tape_loss,
                           batches=make_batches(Xtr, ytr, BATCH, EPOCHS),
-                          make_opt=lambda: tg.Adam(LR),
+                          make_opt=lambda: tg.Adam(LR), fresh=lambda: fresh(ctx),
+                          capture=lambda backend, fuse=True: capture_episode(ctx, backend, fuse),
                           accuracy=lambda ps: float((predict(ps, Xte) == yte).mean()),
                           Xte=Xte, yte=yte)
     print(f"tapegrad demo: MLP {'-'.join(map(str, SIZES))} on {len(Xtr)} digits "

@@ -13,27 +13,8 @@ import tapegrad as tg
 NATIVE_RTOL = 1e-9
 
 
-def capture_episode(ctx, backend, fuse=True):
-    """Record one episode on a fresh tape (same init), capture it, attach a fresh optimizer."""
-    tape = tg.Tape()
-    params = [tape.param(p) for p in ctx.init]
-    opt = ctx.make_opt()
-    for p in params:
-        opt.add(tape, p, l2=0.0)
-    mark = tape.mark()
-    xb, yb = ctx.batches[0]
-    loss = ctx.model(tape, params, xb, yb)
-    # the episode's inputs: the constants recorded after the mark, recognised by their first values
-    consts = [tg.Var(tape, i, n.epoch) for i, n in enumerate(tape.nodes) if i >= mark and n.op.name == "const"]
-    x = next(v for v in consts if tape.value(v).shape == xb.shape and np.array_equal(tape.value(v), xb))
-    y = next(v for v in consts if tape.value(v).shape == yb.shape and np.array_equal(tape.value(v), yb))
-    prog = tg.capture(tape, loss, backend=backend, fuse=fuse)
-    prog.attach(opt)
-    return prog, params, x, y
-
-
 def train(ctx, backend, fuse=True):
-    prog, params, x, y = capture_episode(ctx, backend, fuse)
+    prog, params, x, y = ctx.capture(backend, fuse)
     losses = []
     t0 = time.perf_counter()
     for xb, yb in ctx.batches:

@@ -9,22 +9,14 @@ import time
 
 import numpy as np
 
-import tapegrad as tg
 from mlp import jax_loss
 
 
 def _episode(ctx, interop):
     jax, jnp = interop.jax, interop.jnp
-    tape = tg.Tape()
-    params = [tape.param(p) for p in ctx.init]
-    opt = ctx.make_opt()
-    for p in params:
-        opt.add(tape, p, l2=0.0)
-    xb, yb = ctx.batches[0]
-    loss = ctx.model(tape, params, xb, yb)
     native = interop.program.native_library() is not None
-    prog = tg.capture(tape, loss, backend="native" if native else "numpy")
-    prog.attach(opt)
+    prog = ctx.capture("native" if native else "numpy")[0]
+    xb, yb = ctx.batches[0]
     shapes = [prog.shapes[k] for k in prog.consts]
     if shapes != [xb.shape, yb.shape]:
         raise RuntimeError(f"demo_jax: expected the model's constants to be (xb, yb), got shapes {shapes}")
@@ -73,7 +65,7 @@ def section(ctx):
     except ImportError as e:
         print(f"jax interop: skipped ({e})")
         return
-    jax, jnp = interop.jax, interop.jnp
+    jnp = interop.jnp
     eager = np.array(ctx.eager_losses)
     print("inside jax.jit:")
     how, ep_losses, ep_us, ep_params = _episode(ctx, interop)

@@ -270,7 +270,7 @@ def source(entries, dialect):
         out += [function_source(e, dialect),
                 f'extern "C" __global__ void k_{f}(int n, const double *P, const double *V, double *L, double *G)',
                 "{", "    (void)P;", "    (void)V;", "    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;",
-                f"    if (i < (size_t)n)", f"        L[i] = {f}({args});", "}", ""]
+                "    if (i < (size_t)n)", f"        L[i] = {f}({args});", "}", ""]
     out += ["static void launch(int k, int n, const double *P, const double *V, double *L, double *G)", "{",
             "    switch (k) {"]
     out += [f"    case {k}: LAUNCH(k_{fname(e)}, n, P, V, L, G); break;" for k, e in enumerate(entries)]

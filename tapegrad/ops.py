@@ -23,7 +23,7 @@ normalised ``(axes, keepdims)`` pair for reductions, a shape for ``reshape``.
 """
 import builtins
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 

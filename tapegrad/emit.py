@@ -210,7 +210,7 @@ def _expr(text, env, dialect):
 
 # ── the emitter ──────────────────────────────────────────────────────────────
 
-def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=False):
+def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=False, bake=False):
     """C (or CUDA) source of one function computing a scalar tape's loss and gradient.
 
     Every node the loss depends on must hold one element. The function has a fixed ABI:
@@ -224,8 +224,10 @@ def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=Fa
       fuses these intrinsics into an FMA, so the result does not depend on ``--fmad``.
 
     ``params`` lists every parameter the loss depends on, each exactly once: ``params[j]`` reads
-    ``p[j]``. ``leaves`` maps constant Vars to C expressions (``"v[3]"``, ``"(double)x"``); a constant
-    it does not name is baked in as a literal of its recorded value. Constants-only branches get no
+    ``p[j]``. ``leaves`` maps every constant the loss reads to a C expression (``"v[3]"``,
+    ``"(double)x"``); an unbound constant is an error (a forgotten data leaf would otherwise compile
+    in its placeholder value) unless ``bake=True``, which prints each unbound constant's recorded
+    value as an exact literal. Constants-only branches get no
     backward code. Forward and backward follow the tape's arithmetic and its accumulation order (a
     node's gradient starts as a copy of its highest consumer's contribution; the others are added
     consumer by consumer, highest id first, a before b), so the emitted code is bit-exact wherever
@@ -278,12 +280,12 @@ def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=Fa
         if op.arity and forms(op) is None:
             raise EmitError(f"{at(op.name, k)}: op {op.name} has no scalar C form (no c_fwd in the registry, "
                             f"nor in emit.SCALAR_FORMS); it cannot be emitted")
-    bind = _bindings(tape, live, params, leaves, dialect)
+    bind = _bindings(tape, live, params, leaves, dialect, bake)
     return _source(tape, top, live, bind, [tape._index(v, "c_grad", "params") for v in params], dialect, name,
                    with_data)
 
 
-def _bindings(tape, live, params, leaves, dialect):
+def _bindings(tape, live, params, leaves, dialect, bake):
     """The C expression each leaf reads: ``p[j]``, a caller's expression, or a baked literal."""
     nodes, upstream = tape._nodes, set(live)
     bind = {}
@@ -313,6 +315,11 @@ def _bindings(tape, live, params, leaves, dialect):
         if not isinstance(expr, str) or not expr.strip() or re.search(r"[;{}\n]", expr):
             raise EmitError(f"{at(op, k)}: expected a C expression for this constant, got {expr!r}")
         bind[k] = expr.strip()
+    unbound = [k for k in live if nodes[k].op is O.const and k not in bind]
+    if unbound and not bake:
+        raise EmitError(f"{at('const', unbound[0])}: the loss reads this constant but leaves does not bind it "
+                        f"(unbound nodes {unbound}); bind each to a C expression, or pass bake=True to compile "
+                        f"in its recorded value")
     for k in live:
         if nodes[k].op is O.const and k not in bind:
             if tape._val[k] is None:

@@ -54,9 +54,7 @@ def _muls(v, s, flip):
 
 
 def _divs(v, s, flip):
-    if flip:
-        return v.tape.apply(O.rdivs, v, None, s)
-    return v.tape.apply(O.div, v, v.tape.const(np.array(s, v.tape.dtype)))
+    return v.tape.apply(O.rdivs if flip else O.divs, v, None, s)
 
 
 def add(a, b):
@@ -81,7 +79,7 @@ def mul(a, b):
 
 
 def div(a, b):
-    """a / b, broadcasting (``s / v`` becomes ``rdivs``; ``v / s`` divides by a constant)."""
+    """a / b, broadcasting (a scalar divisor becomes ``divs``, a scalar dividend ``rdivs``)."""
     return _binary(O.div, _divs, a, b)
 
 

@@ -484,6 +484,14 @@ muls = op("muls", 1, same,
           doc="a · scalar")
 
 
+divs = op("divs", 1, same,
+          fwd=lambda a, b, s, out, ws: np.divide(a, s, out=out),
+          da=into(lambda g, out, a, b, s, t: np.divide(g, s, out=t)),
+          ref=lambda jnp, a, b, s: a / s,
+          c_fwd="a / s", c_da="g / s", domain=(real,), cases=tuple((x, None, 4.0) for x, _, _ in UN),
+          doc="a / scalar (rounded as a division, not as a product with 1/s)")
+
+
 def rdivs_da(g, out, a, b, s, ws):
     # d(s/a)/da = −s/a² = −out/a
     t = ws.take(g.shape)

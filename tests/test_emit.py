@@ -171,7 +171,7 @@ def emit(prog, dialect="c", name=None):
     P, V = prog.sample(np.random.default_rng(0))
     tape, pv, vv, loss = record(prog, P, V)
     return c_grad(tape, loss, pv, {v: f"v[{j}]" for j, v in enumerate(vv)}, dialect=dialect,
-                  name=name or cname(prog), with_data=bool(V))
+                  name=name or cname(prog), with_data=bool(V), bake=prog.name == "baked")
 
 
 def cname(prog):
@@ -472,10 +472,15 @@ def test_error_unknown_leaf_binding():
         c_grad(tape, y, [w], {x: "v[0]", unused: "v[1]"})
     with pytest.raises(EmitError, match=r"^const \(node 1\): expected a C expression for this constant, got ''$"):
         c_grad(tape, y, [w], {x: ""})
+    with pytest.raises(EmitError, match=r"^const \(node 1\): the loss reads this constant but leaves does not "
+                                        r"bind it \(unbound nodes \[1\]\); bind each to a C expression, or pass "
+                                        r"bake=True to compile in its recorded value$"):
+        c_grad(tape, y, [w], {})
+    assert "double t1 = 3.0;" in c_grad(tape, y, [w], {}, bake=True)
     lazy = tape.const_lazy((1,))
     with pytest.raises(EmitError, match=r"^const \(node 4\): a lazy or dropped constant has no value to bake in; "
                                         r"bind it to a C expression in leaves$"):
-        c_grad(tape, w * lazy, [w], {})
+        c_grad(tape, w * lazy, [w], {}, bake=True)
 
 
 def test_error_parameter_list_mismatch():

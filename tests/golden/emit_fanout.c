@@ -1,4 +1,4 @@
-/* tapegrad.emit.c_grad: returns t37; p[0] = node 0; p[1] = node 1; p[2] = node 2. */
+/* tapegrad.emit.c_grad: returns t36; p[0] = node 0; p[1] = node 1; p[2] = node 2. */
 #include <math.h>
 
 double grad(const double *p, double *g, const double *v)
@@ -36,19 +36,18 @@ double grad(const double *p, double *g, const double *v)
     double t30 = t26 + t29;
     double t31 = -t0;
     double t32 = t31 * t31;
-    double t33 = 2.0;
-    double t34 = t32 / t33;
-    double t35 = t30 + t34;
-    double t36 = t2 * 0.1;
-    double t37 = t35 - t36;
+    double t33 = t32 / 2.0;
+    double t34 = t30 + t33;
+    double t35 = t2 * 0.1;
+    double t36 = t34 - t35;
 
-    double g37 = 1.0;
-    double g35 = g37;
-    double g36 = -g37;
-    double g2 = g36 * 0.1;
-    double g30 = g35;
-    double g34 = g35;
-    double g32 = g34 / t33;
+    double g36 = 1.0;
+    double g34 = g36;
+    double g35 = -g36;
+    double g2 = g35 * 0.1;
+    double g30 = g34;
+    double g33 = g34;
+    double g32 = g33 / 2.0;
     double g31 = g32 * (2.0 * t31);
     double g0 = -g31;
     double g26 = g30;
@@ -94,5 +93,5 @@ double grad(const double *p, double *g, const double *v)
     g[0] += g0;
     g[1] += g1;
     g[2] += g2;
-    return t37;
+    return t36;
 }

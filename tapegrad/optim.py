@@ -113,6 +113,7 @@ class Run:
         self.members, self.offsets, self.sizes = members, offsets, sizes
         self.w, self.g = store.span(si, lo, hi)
         self.state = [np.zeros(hi - lo, store.dtype) for _ in range(moments)]
+        self.tmp = [np.empty(hi - lo, store.dtype) for _ in range(3)]   # update scratch, the adjusted g
         self.l2 = None
         if any(l2s):
             self.l2 = np.zeros(hi - lo, store.dtype)
@@ -214,22 +215,24 @@ class Optimizer:
             w, g = cut(run.w), cut(run.g)
             l2 = None if run.l2 is None else cut(run.l2) if j is None else self.l2[run.members[j]] or None
             if l2 is not None:
-                g = l2_grad(g, w, l2, np.empty_like(g))
-            elif self.clip is not None:
-                g = g.copy()
-            work.append((run, j, w, g, [cut(m) for m in run.state]))
+                g = l2_grad(g, w, l2, cut(run.tmp[2]))
+            elif self.clip is not None:  # clipping rescales g: work on a copy, never on the tape's gradient
+                buf = cut(run.tmp[2])
+                np.copyto(buf, g)
+                g = buf
+            work.append((run, j, w, g, [cut(m) for m in run.state], [cut(t) for t in run.tmp[:2]]))
         if self.clip is not None and work:
             pieces = {}
-            for run, j, w, g, _ in work:
+            for run, j, w, g, _, _ in work:
                 for jj, k in enumerate(run.members):
                     if j is None or jj == j:
                         pieces[k] = g if j is not None else run.piece(g, jj)
             norm = math.sqrt(sum_in_order(sq_norm(pieces[k]) for k in sorted(pieces)))
             if clips(norm, self.clip, self.clip_mode):
-                for _, _, _, g, _ in work:
+                for _, _, _, g, _, _ in work:
                     clip_scale(g, norm, self.clip, self.clip_mode, g)
-        for run, j, w, g, state in work:
-            self._update(w, g, state, sc)
+        for run, j, w, g, state, tmp in work:
+            self._update(w, g, state, sc, tmp)
 
     def config(self):
         return {"kind": self.kind, "lr": self.lr, "clip": self.clip, "clip_mode": self.clip_mode,
@@ -283,8 +286,8 @@ class SGD(Optimizer):
     """
     kind = "SGD"
 
-    def _update(self, w, g, state, sc):
-        sgd_update(w, g, self.lr, np.empty_like(w))
+    def _update(self, w, g, state, sc, tmp):
+        sgd_update(w, g, self.lr, tmp[0])
 
 
 class Adam(Optimizer):
@@ -325,9 +328,8 @@ class Adam(Optimizer):
             return (-self.lr, bc1, bc2)
         return (self.lr * math.sqrt(bc2) / bc1,)
 
-    def _update(self, w, g, state, sc):
-        adam_update(w, g, state[0], state[1], self.b1, self.b2, self.eps, sc, self.eps_mode,
-                    np.empty_like(w), np.empty_like(w))
+    def _update(self, w, g, state, sc, tmp):
+        adam_update(w, g, state[0], state[1], self.b1, self.b2, self.eps, sc, self.eps_mode, tmp[0], tmp[1])
 
     def config(self):
         return {**super().config(), "b1": self.b1, "b2": self.b2, "eps": self.eps, "eps_mode": self.eps_mode}

@@ -256,3 +256,18 @@ def test_sources_false_skips_the_frame_lookup_and_says_so():
         x.sqrt()
     bad = tape.first_nonfinite()
     assert (bad.node, bad.op, bad.where) == (1, "sqrt", "?")
+
+
+def test_parameters_created_inside_an_episode_give_their_memory_back():
+    tape = tg.Tape()
+    w = tape.param(np.ones(3))
+    start = tape.mark()
+    homes = []
+    for k in range(3):
+        v = tape.param(np.full(5, float(k)))
+        tape.backward((v * w.sum()).sum())
+        assert np.array_equal(tape.grad(v), np.full(5, 3.0))
+        homes.append(tape.value(v).__array_interface__["data"][0])
+        tape.reset_to(start)
+    assert homes[0] == homes[1] == homes[2]
+    assert np.array_equal(tape.value(w), np.ones(3)) and tape._params.pos == tape.nodes[0].pos[:1] + (8,)

@@ -1,5 +1,6 @@
 """The ops as functions and as Var methods/operators; scalars and arrays are lifted onto the tape."""
 import builtins
+import math
 import numbers
 
 import numpy as np
@@ -156,7 +157,7 @@ def reshape(a, *shape):
     shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
     shape = tuple(int(n) for n in shape)
     if shape.count(-1) == 1:
-        rest = int(np.prod([n for n in shape if n != -1]))
+        rest = math.prod([n for n in shape if n != -1])
         if rest and a.size % rest == 0:
             shape = tuple(a.size // rest if n == -1 else n for n in shape)
     return a.tape.apply(O.reshape, a, None, shape)

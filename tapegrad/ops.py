@@ -22,6 +22,7 @@ allocation in a replay. Static operands ``s`` are plain hashable values: a float
 normalised ``(axes, keepdims)`` pair for reductions, a shape for ``reshape``.
 """
 import builtins
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -89,7 +90,7 @@ def away0(rng, shape):
 
 def spread(rng, shape):
     """Distinct values (max, maximum): a permutation of a well-separated grid, randomly signed."""
-    n = int(np.prod(shape))
+    n = math.prod(shape)
     return (rng.permutation(n) - n / 2.0 + 0.5).reshape(shape) * 0.37
 
 
@@ -151,8 +152,8 @@ def transpose_shape(a, b, s):
 
 
 def reshape_shape(a, b, s):
-    if int(np.prod(s)) != int(np.prod(a)) or any(n < 0 for n in s):
-        raise Bad(f"cannot reshape {a} ({int(np.prod(a))} elements) into {s}")
+    if math.prod(s) != math.prod(a) or any(n < 0 for n in s):
+        raise Bad(f"cannot reshape {a} ({math.prod(a)} elements) into {s}")
     return s
 
 
@@ -200,7 +201,7 @@ def slices(s):
 
 def count(a_shape, s):
     axes = range(len(a_shape)) if s[0] is None else s[0]
-    return int(np.prod([a_shape[k] for k in axes]))
+    return math.prod([a_shape[k] for k in axes])
 
 
 # ── forward and backward bodies that need more than one line ────────────────
@@ -351,7 +352,7 @@ def xent_shape(a, b, s):
 
 
 def xent_rows(a_shape, s):
-    return int(np.prod(a_shape)) // a_shape[s]
+    return math.prod(a_shape) // a_shape[s]
 
 
 def xent_fwd(a, b, s, out, ws):

@@ -169,7 +169,7 @@ class Optimizer:
         homes = sorted((tape._nodes[v.id].pos, k) for k, v in enumerate(self.params))
         groups = []
         for (si, lo), k in homes:
-            n = int(np.prod(tape._nodes[self.params[k].id].shape))
+            n = math.prod(tape._nodes[self.params[k].id].shape)
             if groups and groups[-1][0] == si and groups[-1][2] == lo:
                 groups[-1][2] = lo + n + (-n % tape._params.step)
                 groups[-1][3].append((k, lo, n))

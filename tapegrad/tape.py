@@ -13,6 +13,7 @@ from .errors import (ArgumentError, DTypeError, ForeignVarError, LazyValueError,
                      at)
 
 _PKG = os.path.dirname(os.path.abspath(__file__))
+_UNBROADCAST = {}  # (contribution shape, input shape) -> (axes to sum, reduced shape)
 _ONES = {}    # (shape, dtype) -> the backward seed of a scalar loss
 _SHAPES = {}  # (op, a_shape, b_shape, s) -> out shape: shape rules run once per distinct call
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
@@ -251,7 +252,12 @@ class Tape:
             arena.rewind(pos)
             ins = tuple(n.shape for n in (na, nb) if n is not None)
             return self._fail(NonFiniteError(str(NonFinite(len(nodes), op.name, "value", ins, _where(_user_frame())))))
-        return self._append(op, ia, ib, s, out, shape, req, False, pos, None)
+        i, epoch = len(nodes), self._epoch  # _append, inlined on the hot path
+        nodes.append(_node((op, ia, ib, s, req, epoch, _user_frame() if self.sources else None, False, shape, pos)))
+        vals.append(out)
+        self._grad.append(None)
+        self._gpass.append(0)
+        return Var(self, i, epoch)
 
     def _append(self, op, ia, ib, s, value, shape, req, lazy, pos, grad):
         i = len(self._nodes)
@@ -503,10 +509,13 @@ def unbroadcast(c, shape, ws, out=None):
     One ``numpy.add.reduce`` call over all those axes: for the usual bias (leading axes of a
     row-major contribution) that is plain row-by-row accumulation in increasing row order.
     """
-    lead = c.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + k for k, n in enumerate(shape) if n == 1 and c.shape[lead + k] != 1)
+    plan = _UNBROADCAST.get((c.shape, shape))
+    if plan is None:
+        lead = c.ndim - len(shape)
+        axes = tuple(range(lead)) + tuple(lead + k for k, n in enumerate(shape) if n == 1 and c.shape[lead + k] != 1)
+        plan = _UNBROADCAST[(c.shape, shape)] = (axes, tuple(n for k, n in enumerate(c.shape) if k not in axes))
     r = ws.take(shape) if out is None else out
-    np.add.reduce(c, axis=axes, out=r.reshape([n for k, n in enumerate(c.shape) if k not in axes]))
+    np.add.reduce(c, axis=plan[0], out=r.reshape(plan[1]))
     return r
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tapegrad as tg  # noqa: E402
-from mlp import data, init, tape_loss  # noqa: E402
+from mlp import blas_kernel, data, init, tape_loss  # noqa: E402
 
 SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10))}
 
@@ -116,10 +116,15 @@ def timeit(fn, reps, inner):
 
 
 def side_by_side(fns, reps, inner):
-    """Interleave the systems repeat by repeat; the median of each."""
+    """Interleave the systems repeat by repeat; the median of each.
+
+    A short pause before each block lets the previous system's worker threads (XLA's pool,
+    OpenBLAS's) stop spinning, so no system is timed against another's leftover busy-waiting.
+    """
     times = {k: [] for k in fns}
     for _ in range(reps):
         for k, f in fns.items():
+            time.sleep(0.02)
             times[k] += timeit(f, 1, inner)
     return {k: float(np.median(v)) for k, v in times.items()}
 
@@ -129,6 +134,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     reps, inner = (3, 20) if args.quick else (15, 100)
+    print(f"BLAS: {blas_kernel()}\n")
     print("| size | tape step µs | tape, sources=False | NumPy floor µs | tape / floor | sources=False / floor |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, (batch, sizes) in SIZES.items():

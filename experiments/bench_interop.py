@@ -21,7 +21,7 @@ import tapegrad as tg
 from interop import jax, jnp
 from interop import program as P
 from interop.callback import copying_call
-from mlp import init, jax_loss, tape_loss
+from mlp import blas_kernel, init, jax_loss, tape_loss
 
 SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10))}
 
@@ -165,7 +165,7 @@ def main():
         pass
     if P.native_library() is None:
         raise SystemExit("bench_interop: needs a C compiler for the FFI handler")
-    print(f"jax {jax.__version__}, float64, 2-core CPU; µs per call (median)\n")
+    print(f"jax {jax.__version__}, float64, 2-core CPU, BLAS: {blas_kernel()}; µs per call (median)\n")
     res = {n: calls(n) for n in SIZES}
     print("| loss + grad inside jax.jit | " + " | ".join(f"{n} ({SIZES[n][0]}; {'-'.join(map(str, SIZES[n][1]))})" for n in SIZES) + " |")
     print("|---|" + "---:|" * len(SIZES))

@@ -57,3 +57,18 @@ def predict(param_arrays, X):
         if k + 2 < len(param_arrays):
             h = np.maximum(h, 0.0)
     return h.argmax(axis=1)
+
+
+def blas_kernel():
+    """Which OpenBLAS kernel NumPy runs (e.g. "SkylakeX"), for benchmark headers.
+
+    This machine sets ``OPENBLAS_CORETYPE=Haswell`` for the sake of older OpenBLAS builds, which costs
+    a current NumPy its AVX-512 GEMM (115 vs 148 GFLOP/s at 2048²); ``make bench`` unsets it (and
+    ``OPENBLAS_L2_SIZE``) for the benchmarks only, tests and CI keep the machine's setting.
+    """
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return "unknown"
+    return ", ".join(f"{i['internal_api']} {i.get('architecture', '?')} ×{i['num_threads']}"
+                     for i in threadpool_info() if i["user_api"] == "blas") or "none"

@@ -102,27 +102,42 @@ def adam_update(w, g, mu, nu, b1, b2, eps, sc, mode, t, u):
         np.subtract(w, t, out=w)
 
 
+class Unit:
+    """One update call's views: a whole run of parameters, or one parameter of it."""
+
+    def __init__(self, run, sl, members, l2):
+        self.w, self.g = run.w[sl], run.g[sl]
+        self.state = [m[sl] for m in run.state]
+        self.t, self.u, self.buf = (t[sl] for t in run.tmp)   # update scratch, and the adjusted g
+        self.l2 = l2
+        self.members = members   # (registration index, slice of this unit) per parameter
+
+
 class Run:
     """Registered parameters that sit side by side in the tape's parameter store.
 
     The whole run updates with one call per ufunc on flat views (padding between parameters stays
-    zero through every update); per-parameter views of the same memory serve partial updates.
+    zero through every update, so it is bit-identical to updating each one); when some member was not
+    touched, its touched neighbours update one by one through views of the same memory.
     """
 
     def __init__(self, store, si, lo, hi, members, offsets, sizes, l2s, moments):
         self.members, self.offsets, self.sizes = members, offsets, sizes
         self.w, self.g = store.span(si, lo, hi)
         self.state = [np.zeros(hi - lo, store.dtype) for _ in range(moments)]
-        self.tmp = [np.empty(hi - lo, store.dtype) for _ in range(3)]   # update scratch, the adjusted g
-        self.l2 = None
+        self.tmp = [np.empty(hi - lo, store.dtype) for _ in range(3)]
+        l2 = None
         if any(l2s):
-            self.l2 = np.zeros(hi - lo, store.dtype)
-            for off, n, l2 in zip(offsets, sizes, l2s):
-                self.l2[off:off + n] = l2
+            l2 = np.zeros(hi - lo, store.dtype)
+            for off, n, c in zip(offsets, sizes, l2s):
+                l2[off:off + n] = c
+        spans = [slice(off, off + n) for off, n in zip(offsets, sizes)]
+        self.whole = Unit(self, slice(None), list(zip(members, spans)), l2)
+        self.singles = [Unit(self, sp, [(k, slice(None))], c or None)
+                        for k, sp, c in zip(members, spans, l2s)]
 
-    def piece(self, a, k):
-        off, n = self.offsets[k], self.sizes[k]
-        return a[off:off + n]
+    def piece(self, a, j):
+        return a[self.offsets[j]:self.offsets[j] + self.sizes[j]]
 
 
 class Optimizer:
@@ -193,13 +208,11 @@ class Optimizer:
 
     def _units(self):
         """What to update this step: whole runs where every member was touched, else single params."""
-        touched = [self.tape._touched(v.id) for v in self.params]
+        touched, params = self.tape._touched, self.params
         units = []
         for run in self._runs:
-            if all(touched[k] for k in run.members):
-                units.append((run, None))
-            else:
-                units += [(run, j) for j, k in enumerate(run.members) if touched[k]]
+            hit = [touched(params[k].id) for k in run.members]
+            units += [run.whole] if all(hit) else [u for u, h in zip(run.singles, hit) if h]
         return units
 
     def step(self):
@@ -208,31 +221,23 @@ class Optimizer:
             return
         self.count += 1
         sc = self.step_scalars(self.count)
-        units = self._units()
         work = []
-        for run, j in units:
-            cut = (lambda a: a) if j is None else (lambda a, j=j: run.piece(a, j))
-            w, g = cut(run.w), cut(run.g)
-            l2 = None if run.l2 is None else cut(run.l2) if j is None else self.l2[run.members[j]] or None
-            if l2 is not None:
-                g = l2_grad(g, w, l2, cut(run.tmp[2]))
+        for unit in self._units():
+            g = unit.g
+            if unit.l2 is not None:
+                g = l2_grad(g, unit.w, unit.l2, unit.buf)
             elif self.clip is not None:  # clipping rescales g: work on a copy, never on the tape's gradient
-                buf = cut(run.tmp[2])
-                np.copyto(buf, g)
-                g = buf
-            work.append((run, j, w, g, [cut(m) for m in run.state], [cut(t) for t in run.tmp[:2]]))
+                np.copyto(unit.buf, g)
+                g = unit.buf
+            work.append((unit, g))
         if self.clip is not None and work:
-            pieces = {}
-            for run, j, w, g, _, _ in work:
-                for jj, k in enumerate(run.members):
-                    if j is None or jj == j:
-                        pieces[k] = g if j is not None else run.piece(g, jj)
-            norm = math.sqrt(sum_in_order(sq_norm(pieces[k]) for k in sorted(pieces)))
+            sq = sorted((k, sq_norm(g[sl])) for unit, g in work for k, sl in unit.members)
+            norm = math.sqrt(sum_in_order(v for _, v in sq))
             if clips(norm, self.clip, self.clip_mode):
-                for _, _, _, g, _, _ in work:
+                for _, g in work:
                     clip_scale(g, norm, self.clip, self.clip_mode, g)
-        for run, j, w, g, state, tmp in work:
-            self._update(w, g, state, sc, tmp)
+        for unit, g in work:
+            self._update(unit.w, g, unit.state, sc, (unit.t, unit.u))
 
     def config(self):
         return {"kind": self.kind, "lr": self.lr, "clip": self.clip, "clip_mode": self.clip_mode,

@@ -15,6 +15,13 @@ def aligned_empty(shape, dtype):
     return raw[off:off + nbytes].view(dtype)[:math.prod(shape)].reshape(shape)
 
 
+def readonly(a):
+    """A read-only view of ``a`` (what the tape and programs hand out: borrowed, never written)."""
+    view = a.view()
+    view.flags.writeable = False
+    return view
+
+
 def aligned_copy(array, dtype):
     out = aligned_empty(np.shape(array), dtype)
     np.copyto(out, array, casting="unsafe")

@@ -30,7 +30,7 @@ import weakref
 import numpy as np
 
 from . import ops as O
-from ._arena import aligned_copy, aligned_empty
+from ._arena import aligned_copy, aligned_empty, readonly
 from .errors import DTypeError, ForeignVarError, LazyValueError, ShapeError, TapeError, at
 from .tape import Var
 
@@ -93,7 +93,7 @@ class Program:
 
     def __init__(self, tape, loss, backend, dtype, fuse):
         self.loss_id = tape._index(loss, "capture", "loss")
-        shapes = _shapes(tape)
+        shapes = [nd.shape for nd in tape._nodes]  # known even where the tape holds no value
         if math.prod(shapes[self.loss_id]) != 1:
             raise ShapeError(f"{at('capture', self.loss_id)}: expected a scalar loss (one element), got shape "
                              f"{shapes[self.loss_id]}")
@@ -252,17 +252,17 @@ class Program:
 
     def loss(self):
         """The loss value of the last forward: a read-only view (one element)."""
-        return _ro(self.val[self.loss_id])
+        return readonly(self.val[self.loss_id])
 
     def value(self, var):
         """A read-only view of a node's value in the program."""
-        return _ro(self.val[self._slot(var, "value")])
+        return readonly(self.val[self._slot(var, "value")])
 
     def grad(self, var):
         """A read-only view of d loss/d var (zeros for nodes backward does not reach)."""
         i = self._slot(var, "grad")
         g = self.grad_buf(i)
-        return _ro(g)
+        return readonly(g)
 
     def grad_buf(self, i):
         g = self.grads[i]
@@ -346,14 +346,3 @@ class Program:
                 f"consts={len(self.consts)} loss=node {self.loss_id}>")
 
 
-def _shapes(tape):
-    """Every node's shape (known even where the tape holds no value)."""
-    if hasattr(tape, "_shape"):
-        return list(tape._shape)
-    return [nd.shape for nd in tape._nodes]
-
-
-def _ro(a):
-    v = a.view()
-    v.flags.writeable = False
-    return v

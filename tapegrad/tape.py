@@ -8,7 +8,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from . import ops as O
-from ._arena import Arena, ParamStore, aligned_copy, aligned_empty
+from ._arena import Arena, ParamStore, aligned_copy, aligned_empty, readonly
 from .errors import (ArgumentError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError, ShapeError, TapeError,
                      at)
 
@@ -302,9 +302,7 @@ class Tape:
         val = self._val[i]
         if val is None:
             raise LazyValueError(self._no_value(i, "value"))
-        view = val.view()
-        view.flags.writeable = False
-        return view
+        return readonly(val)
 
     def grad(self, v):
         """A read-only view of the accumulated gradient d loss/d v; zeros if backward never reached v."""
@@ -315,9 +313,7 @@ class Tape:
             g.fill(0.0)
         elif not self._touched(i):
             g.fill(0.0)
-        view = g.view()
-        view.flags.writeable = False
-        return view
+        return readonly(g)
 
     def touched(self, v):
         """Whether backward has written d loss/d v since the last reset (untouched params are skipped)."""

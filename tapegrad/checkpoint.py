@@ -68,7 +68,6 @@ def load(path, tape, opt=None):
             raise TapeError(f"load: parameter {k} (node {i}) has shape {tape._nodes[i].shape}, the checkpoint {tuple(shape)}")
     if meta["dtype"] != tape.dtype.name:
         raise TapeError(f"load: the checkpoint is {meta['dtype']}, the tape {tape.dtype.name}")
-    state = None
     if opt is not None:
         saved = meta.get("optimizer")
         if saved is None or saved["kind"] != opt.kind:
@@ -78,14 +77,8 @@ def load(path, tape, opt=None):
             raise TapeError(f"load: the optimizer's parameters are nodes {[v.id for v in opt.params]}, the "
                             f"checkpoint's {saved['param_nodes']}")
         state = {"count": saved["count"]}
-        for key in ("mu", "nu"):
-            if f"{key}_0" in data or (key in ("mu", "nu") and opt.kind == "Adam"):
-                state[key] = [data[f"{key}_{k}"] for k in range(len(opt.params)) if f"{key}_{k}" in data]
-        probe = type(opt).__new__(type(opt))
-        probe.__dict__.update({**opt.__dict__, "mu": [m.copy() for m in getattr(opt, "mu", [])],
-                               "nu": [n.copy() for n in getattr(opt, "nu", [])]})
-        probe.load_state_dict(state)  # validates without touching opt
+        for key in ("mu", "nu")[:opt.moments]:
+            state[key] = [data[f"{key}_{k}"] for k in range(len(opt.params)) if f"{key}_{k}" in data]
+        opt.load_state_dict(state)  # validates everything before it writes anything
     for k, i in enumerate(ids):
         np.copyto(tape._val[i], data[f"param_{k}"])
-    if opt is not None:
-        opt.load_state_dict(state)

@@ -15,6 +15,11 @@ from .errors import (ArgumentError, BuildError, DTypeError, ForeignVarError, Laz
 from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log_softmax, matmul, max,
                          maximum, mean, mse, mul, neg, power, relu, reshape, sigmoid, softmax,
                          softmax_cross_entropy, sqrt, square, sub, sum, tanh, transpose)
+# special functions
+# scans and reductions
+# selection and indexing
+# convolution and pooling
+# linear algebra
 from .gradcheck import gradcheck
 from .optim import SGD, Adam
 from .tape import NonFinite, Tape, Var

@@ -252,3 +252,23 @@ def _install():
 
 
 _install()
+
+
+# ── special functions (ops_special) ─────────────────────────────────────────────
+# (functions and Var methods of this family go here)
+
+
+# ── scans and reductions (ops_scan) ─────────────────────────────────────────────
+# (functions and Var methods of this family go here)
+
+
+# ── selection and indexing (ops_index) ─────────────────────────────────────────────
+# (functions and Var methods of this family go here)
+
+
+# ── convolution and pooling (ops_conv) ─────────────────────────────────────────────
+# (functions and Var methods of this family go here)
+
+
+# ── linear algebra (ops_linalg) ─────────────────────────────────────────────
+# (functions and Var methods of this family go here)

@@ -659,3 +659,8 @@ def markdown_table():
         c = f"`{o.c_fwd}`" if o.c_fwd else "—"
         rows.append(f"| `{o.name}` | {o.arity} | {o.kind} | {o.tier} | {c} | {o.doc or ''} |")
     return "\n".join(rows)
+
+
+# The op families beyond the core above: each module registers its entries into ``OPS`` on import, in
+# this order (the README's op table and every registry-parametrized test follow it).
+from . import ops_special, ops_scan, ops_index, ops_conv, ops_linalg  # noqa: E402,F401

@@ -3,7 +3,8 @@
 Fixed ABI (every program): ``void tg_forward(void *ctx)``, ``tg_backward``, ``tg_step``, ``tg_episode``
 (forward + backward + step). ``ctx`` is a table of pointers: ``[0]`` the BLAS gemm, ``[1]`` the BLAS
 dot, ``[2]`` the step scalars (double), ``[3]`` the optimizer configuration (double), ``[4]`` the
-optimizer's parameter table (long long), ``[5..7]`` reserved, ``[8 + i]`` buffer ``i`` (values,
+optimizer's parameter table (long long), ``[5]`` the LAPACK function table (linalg ops), ``[6..7]``
+reserved, ``[8 + i]`` buffer ``i`` (values,
 gradients, scratch, optimizer state). Elementwise nodes print the registry's C expressions through
 one dialect (``expr.py``); the rest call the runtime kernels in ``runtime.c``. A fused segment is one
 loop whose body is the unfused loop bodies in node order, so it rounds identically.
@@ -22,7 +23,10 @@ from . import kernels
 from .expr import dialect, parse
 
 FIRST = 8
-_RUNTIME = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime.c")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# runtime.c, then one file per op family (the same order as tapegrad.ops imports the families)
+_RUNTIME = [os.path.join(_HERE, f"runtime{suffix}.c")
+            for suffix in ("", "_special", "_scan", "_index", "_conv", "_linalg")]
 _PARSED = {}
 
 
@@ -37,8 +41,11 @@ def expr_of(op, field):
 
 
 def runtime_source():
-    with open(_RUNTIME) as f:
-        return f.read()
+    parts = []
+    for path in _RUNTIME:
+        with open(path) as f:
+            parts.append(f.read())
+    return "\n".join(parts)
 
 
 def prologue(dtype, blas_bits=32):

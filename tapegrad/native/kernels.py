@@ -5,6 +5,9 @@ A forward printer takes a ``Node`` and returns C lines; a backward printer retur
 lines that write the contribution to ``n.dst`` (the gradient itself for a first contribution, else
 scratch S0 that the emitter then adds), or, with ``done``, lines that already accumulated it. An op
 missing here has no native form: the emitter raises naming it.
+
+``SCRATCH[name](p, k)`` (optional) is how many elements each of the three scratch buffers S0..S2 must
+hold for node ``k`` of program ``p``, when that is more than the largest node shape (im2col, say).
 """
 import math
 from typing import NamedTuple
@@ -235,3 +238,8 @@ BACKWARD = {"sum": spread_da, "mean": spread_da, "max": max_da, "matmul": matmul
             "transpose": transpose_da, "reshape": reshape_da, "broadcast_to": broadcast_to_da,
             "softmax": softmax_da, "logsoftmax": softmax_da, "softmax_xent": xent_d, "slice": slice_da,
             "concat": concat_d}
+
+SCRATCH = {}
+
+# The op families' printers register themselves here on import (one module per family, as in tapegrad.ops).
+from . import kernels_special, kernels_scan, kernels_index, kernels_conv, kernels_linalg  # noqa: E402,F401

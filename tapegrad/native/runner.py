@@ -22,7 +22,7 @@ import os
 import numpy as np
 
 from .._arena import aligned_empty
-from . import build, codegen, fuse
+from . import build, codegen, fuse, kernels
 
 _BLAS = {}
 # Fortran BLAS symbols, most specific first, with their integer width (ILP64 builds take 64-bit ints).
@@ -107,6 +107,10 @@ def layout(p):
     need |= {x for k in p.compute if p.nodes[k][0].kind not in ("matmul", "elementwise", "layout")
              for x in p.nodes[k][1:3] if x >= 0}
     big = max([math.prod(p.shapes[k]) for k in need] + [1])
+    for k in p.compute:
+        extra = kernels.SCRATCH.get(p.nodes[k][0].name)
+        if extra is not None:
+            big = max(big, extra(p, k))
     for j in range(3):
         add(("S", j), aligned_empty((big,), p.dtype))
     return bufs, index

@@ -1,0 +1,1 @@
+/* tapegrad native runtime: kernels of the conv family (included after runtime.c). */

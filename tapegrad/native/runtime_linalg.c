@@ -1,0 +1,1 @@
+/* tapegrad native runtime: kernels of the linalg family (included after runtime.c). */

@@ -1,0 +1,1 @@
+/* tapegrad native runtime: kernels of the scan family (included after runtime.c). */

@@ -17,7 +17,8 @@ Importing interop enables ``jax_enable_x64`` (see ``interop._jax``).
 from ._jax import jax, jnp
 from .dlpack import CopyWarning, cupy_to_jax, from_jax, jax_to_cupy, to_jax
 from .function import TransformError, jax_function
-from .oracle import Divergence, GradReport, UnsupportedPrimitiveError, check_grads
+from .oracle import (Divergence, GradientMismatchError, GradReport, Kink, Precision, TracingError,
+                     UnsupportedPrimitiveError, assert_grads, check_grads)
 from .parity import ParityReport, compare_with_optax, optax_chain
 from .program import (ProgramError, episode_state, program_call, program_episode, program_inputs,
                       unflatten_state)

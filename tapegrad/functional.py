@@ -236,12 +236,12 @@ def _getitem(a, key):
     if len(dots) > 1:
         return a.tape._fail(ShapeError(f"{here}: at most one ... in an index, got {key!r}"))
     used = builtins.sum(k is not None and k is not Ellipsis for k in key)
+    if used > a.ndim:
+        return a.tape._fail(ShapeError(f"{here}: too many indices for shape {a.shape}: {key!r}"))
     if dots:
         i = dots[0]
         key = key[:i] + (slice(None),) * (a.ndim - used) + key[i + 1:]
         used = a.ndim
-    if used > a.ndim:
-        return a.tape._fail(ShapeError(f"{here}: too many indices for shape {a.shape}: {key!r}"))
     key = key + (slice(None),) * (a.ndim - used)
     ranges, drop, new, adv, out_axis = [], [], [], None, 0
     for k in key:

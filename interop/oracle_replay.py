@@ -283,8 +283,8 @@ def summary(eqn):
     return f"{lines[0]}name={name.group(1) if name else '?'}{lines[-1].strip()}"
 
 
-def diff(t, j):
-    """(max |t − j|, that over max |j|); a non-finite value on one side only counts as infinitely far."""
+def diff(t, j, scale=0.0):
+    """(max |t − j|, that over max(max |j|, scale)); a non-finite value on one side only is infinitely far."""
     t, j = np.asarray(t, np.float64), np.asarray(j, np.float64)
     if t.shape != j.shape:
         return np.inf, np.inf
@@ -295,7 +295,7 @@ def diff(t, j):
         d = np.where(same, 0.0, np.abs(t - j))
     d = np.where(np.isnan(d), np.inf, d)
     a = float(d.max())
-    scale = float(np.abs(np.where(np.isfinite(j), j, 0.0)).max())
+    scale = max(float(np.abs(np.where(np.isfinite(j), j, 0.0)).max()), scale)
     return a, (a / scale if scale else (0.0 if a == 0 else np.inf))
 
 
@@ -346,6 +346,15 @@ class Replay:
     def kink(self, count, what):
         if count:
             self.kinks.append((self.top_k, summary(self._st[1].eqn), self.path(), f"{int(count)} {what}"))
+
+    def _operand_scale(self, st, jenv):
+        """The largest finite float operand of a step: forward errors are relative to it (a − b cancels)."""
+        m = 0.0
+        for s, v in zip(st.ins, st.eqn.invars):
+            if is_float(v.aval) and np.size(jenv.np(s)) and v.aval.ndim <= 8:
+                a = np.abs(jenv.np(s))
+                m = max(m, float(np.where(np.isfinite(a), a, 0.0).max()))
+        return m
 
     def path(self):
         return " › ".join(self.where)
@@ -400,7 +409,7 @@ class Replay:
                         self.lowp = (np.dtype(v.aval.dtype), summary(eqn), index, self.path())
                 if self.compare and self.divergence is None:
                     bound = lowp_bound(e, self.rtol) if e else self.rtol
-                    a, rel = diff(self.tape.value(o), jenv.np(s))
+                    a, rel = diff(self.tape.value(o), jenv.np(s), self._operand_scale(st, jenv))
                     if rel > bound:
                         self.divergence = (index, summary(eqn), self.path(), a, rel)
         return [None if isinstance(s, Literal) else tenv.get(s) for s in plan.out_slots]

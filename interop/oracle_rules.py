@@ -259,6 +259,11 @@ def _concatenate(r, xs, eqn):
     return tg.concat([r.var(x) for x in xs], axis=int(eqn.params["dimension"]))
 
 
+@rule("stack", doc="`tg.stack`", needs=("stack",))
+def _stack(r, xs, eqn):
+    return tg.stack([r.var(x) for x in xs], axis=int(eqn.params["axis"]))
+
+
 @rule("split", doc="one `slice` per piece")
 def _split(r, xs, eqn):
     x, axis = r.var(xs[0]), int(eqn.params["axis"])

@@ -28,7 +28,7 @@ import tapegrad as tg
 from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
-from .oracle_replay import (CONTROL, JEnv, Literal, Plan, Replay, bind, diff, is_float, is_key, loop_envs, lowp_bound,
+from .oracle_replay import (CONTROL, JEnv, compiled, Literal, Plan, Replay, bind, diff, is_float, is_key, loop_envs, lowp_bound,
                             summary)
 from .oracle_rules import UnsupportedPrimitiveError, primitive_table
 
@@ -202,8 +202,10 @@ def _prepare(f, args, argnums, has_aux):
     fun = jax.extend.core.jaxpr_as_fun(closed)
     diff_idx = p.diff
 
+    keep = p.plan.needed([p.plan.in_slots[i] for i in diff_idx])
+
     def jax_side(consts, xs):
-        vals, aux = p.plan.evaluate(consts, xs)
+        vals, aux = p.plan.evaluate(consts, xs, keep)
 
         def loss(*d):
             ls = list(xs)
@@ -215,7 +217,7 @@ def _prepare(f, args, argnums, has_aux):
                                              argnums=tuple(range(len(diff_idx))), has_aux=True)(
             *[xs[i] for i in diff_idx])
         return vals, aux, v, g, aux_out
-    p.jax_side = jax.jit(jax_side)
+    p.jax_side = compiled(jax_side)
     if len(_PREP) > 128:
         _PREP.clear()
     _PREP[key] = p
@@ -244,7 +246,7 @@ def check_grads(f, *args, argnums=None, has_aux=False, rtol=1e-12, seed=0):
     >>> r.ok, r.grads.shape
     (True, (3, 2))
     """
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), np.errstate(all="ignore"):   # non-finite values are reported, not warned
         return _check(f, args, argnums, has_aux, rtol, seed)
 
 
@@ -266,15 +268,23 @@ def assert_grads(f, *args, argnums=None, has_aux=False, rtol=1e-12, seed=0, allo
 
 def _check(f, args, argnums, has_aux, rtol, seed):
     p, leaves = _prepare(f, args, argnums, has_aux)
-    vals, aux, jvalue, jgrads, jaux = p.jax_side(p.plan.const_vals, leaves)
-    jenv = JEnv(vals, aux)
-    tape = tg.Tape(sources=False)
-    params = {i: tape.param(np.asarray(leaves[i])) for i in p.diff}
-    tenv = {p.plan.in_slots[i]: v for i, v in params.items()}
-    r = Replay(tape, rtol)
-    out = r.run(p.plan, tenv, jenv, top=True)[0]
+    try:
+        vals, aux, jvalue, jgrads, jaux = p.jax_side(p.plan.const_vals, leaves)
+    except (ValueError, TypeError, NotImplementedError) as e:
+        raise type(e)(f"check_grads: jax.grad itself cannot differentiate f, so there is nothing to check "
+                      f"against: {str(e).splitlines()[0]}") from e
+    full = []
+
+    def full_env():
+        """JAX's value of every step (compiled only when a divergence must be located)."""
+        if not full:
+            full.append(p.plan.values(leaves))
+        return full[0]
+
+    r, out, params = _replay(p, leaves, JEnv(vals, aux, full_env), rtol, compare=False)
     if r.unsupported:
         raise UnsupportedPrimitiveError(_unsupported_message(r.unsupported))
+    tape = r.tape
     if isinstance(out, tg.Var):
         tape.backward(out)
         grads = [np.array(tape.grad(params[i])) for i in p.diff]
@@ -298,24 +308,26 @@ def _check(f, args, argnums, has_aux, rtol, seed):
                         jax_grads=_shape_like(p, leaves, jgrads), value=value, jax_value=float(jvalue),
                         max_abs=tuple(a for a, _ in diffs), max_rel=tuple(x for _, x in diffs), rtol=rtol,
                         n_eqns=r.index, bound=bound, precision=precision,
-                        leaves=tuple(p.names[i] for i in p.diff), aux=jax.tree.unflatten(p.aux_tree, list(jaux))
-                        if has_aux else None)
-    if argnums is None and any(np.dtype(np.asarray(x).dtype) == np.float32 for x in jax.tree.leaves(args)
-                               if hasattr(x, "dtype")):
+                        leaves=tuple(p.names[i] for i in p.diff),
+                        aux=jax.tree.unflatten(p.aux_tree, list(jaux)) if has_aux else None)
+    if any(getattr(x, "dtype", None) == np.float32 for x in jax.tree.leaves(args)):
         report.notes.append("float32 arguments were checked in float64")
-    if r.divergence is not None:
-        index, text, where, a, rel = r.divergence
-        report.first_divergence = Divergence(index, text, "value", a, rel, where)
     if report.ok:
         return report
     report.verdict = "mismatch"
-    if not value_ok and report.first_divergence is not None:
-        return report
+    env = full_env()
+    located, _, _ = _replay(p, leaves, env, rtol, compare=True)
+    if located.divergence is not None:
+        index, text, where, a, rel = located.divergence
+        report.first_divergence = Divergence(index, text, "value", a, rel, where)
+        if not value_ok:
+            return report
     failures = []
-    _search(p.plan, jenv, p.plan.units, "", rtol, np.random.default_rng(seed), failures, r.tainted)
+    _search(p.plan, env, p.plan.units, "", rtol, np.random.default_rng(seed), failures, located.tainted)
     kinks = [k for _, k in failures if isinstance(k, Kink)]
     if failures and value_ok and len(kinks) == len(failures):
         report.ok, report.verdict, report.kinks = True, "kink", kinks
+        report.first_divergence = None
         return report
     report.kinks = kinks
     for d, k in failures:
@@ -323,6 +335,16 @@ def _check(f, args, argnums, has_aux, rtol, seed):
             report.first_divergence = report.first_divergence or d
             break
     return report
+
+
+def _replay(p, leaves, jenv, rtol, compare):
+    """Record ``f`` on a fresh tape: (the Replay, the loss Var or None, {leaf index: param Var})."""
+    tape = tg.Tape(sources=False)
+    params = {i: tape.param(np.asarray(leaves[i])) for i in p.diff}
+    tenv = {p.plan.in_slots[i]: v for i, v in params.items()}
+    r = Replay(tape, rtol, compare=compare)
+    out = r.run(p.plan, tenv, jenv, top=True)[0]
+    return r, out, params
 
 
 def _shape_like(p, leaves, grads):
@@ -367,7 +389,7 @@ def _vjp_fn(eqn, fl, fo):
             return jax.vjp(g, *diff_vals)[1](cts)
         if len(_VJP) > 2048:
             _VJP.clear()
-        hit = _VJP[key] = (eqn, jax.jit(run))
+        hit = _VJP[key] = (eqn, compiled(run))
     return hit[1]
 
 

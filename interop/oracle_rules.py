@@ -53,6 +53,12 @@ CONSTANT = frozenset({"sign", "floor", "ceil", "round", "stop_gradient", "nextaf
                       "shift_right_arithmetic", "bitcast_convert_type"})
 
 
+# Rules that read JAX's values of their own operands or results (the replay keeps those for them),
+# and rules whose results follow their operands one by one (an untainted operand stays untainted).
+VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort"})
+PER_OPERAND = frozenset({"optimization_barrier", "sort"})
+
+
 # ── helpers ──────────────────────────────────────────────────────────────────
 
 def _reshape(r, v, shape):

@@ -18,8 +18,8 @@ path moves the comparison to that precision's bound, which the report names.
 
 Everything runs inside a scoped ``jax.enable_x64(True)``: the caller's configuration is untouched.
 """
-import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import numpy as np
@@ -457,7 +457,7 @@ def _sub_plan(eqn):
             if not isinstance(v, Literal) and v not in seen:
                 seen.add(v)
                 invars.append(v)
-        jx = jax.extend.core.Jaxpr([], invars, list(eqn.outvars), [eqn], eqn.effects)
+        jx = SimpleNamespace(constvars=[], invars=invars, outvars=list(eqn.outvars), eqns=[eqn])  # what Plan reads
         hit = _VJP[key] = (eqn, Plan(jx), invars)
     return hit[1], hit[2]
 

@@ -73,8 +73,8 @@ class Kink:
 
     def __str__(self):
         at = f" in {self.where}" if self.where else ""
-        return (f"equation {self.index}{at}: {self.eqn}: {self.elements} element(s) at a kink ({self.detail}); "
-                f"JAX gives {self.jax}, the tape gives {self.tape}")
+        return (f"equation {self.index}{at}: {self.eqn}: gradients differ at {self.elements} element(s), all at "
+                f"a kink ({self.detail}); JAX gives {self.jax}, the tape gives {self.tape}")
 
 
 @dataclass

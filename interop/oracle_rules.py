@@ -101,13 +101,13 @@ rule("div", doc="`a / b`")(_binary(lambda a, b: a / b))
 
 @rule("max", doc="`maximum` (ties share the gradient, as JAX's `max`)")
 def _max(r, xs, eqn):
-    r.kink(_ties(r.value(xs[0]), r.value(xs[1])), "ties (the tape shares the gradient equally, as JAX)")
+    r.kink(_ties(r.value(xs[0]), r.value(xs[1])), "ties of max (a == b)")
     return tg.maximum(r.var(xs[0]), r.var(xs[1]))
 
 
 @rule("min", doc="`−maximum(−a, −b)`")
 def _min(r, xs, eqn):
-    r.kink(_ties(r.value(xs[0]), r.value(xs[1])), "ties (the tape shares the gradient equally, as JAX)")
+    r.kink(_ties(r.value(xs[0]), r.value(xs[1])), "ties of min (a == b)")
     return _neg(r, tg.maximum(_neg(r, r.var(xs[0])), _neg(r, r.var(xs[1]))))
 
 
@@ -124,7 +124,7 @@ for _p, _o in (("neg", "neg"), ("exp", "exp"), ("log", "log"), ("tanh", "tanh"),
 
 @rule("abs", doc="`abs` (gradient 0 at 0, as JAX)")
 def _abs(r, xs, eqn):
-    r.kink(int(np.sum(r.value(xs[0]) == 0)), "elements at 0")
+    r.kink(int(np.sum(r.value(xs[0]) == 0)), "abs at 0")
     return r.tape.apply(O.abs, r.var(xs[0]))
 
 
@@ -196,7 +196,7 @@ def _clamp(r, xs, eqn):
     lo, x, hi = xs
     shape = _out_shape(eqn)
     vl, vx, vh = (np.broadcast_to(r.value(v), shape) for v in (lo, x, hi))
-    r.kink(int(np.sum((vx == vl) | (vx == vh))), "elements at a bound (no gradient to either, as JAX)")
+    r.kink(int(np.sum((vx == vl) | (vx == vh))), "clamp at a bound")
     mid, below, above = (vx > vl) & (vx < vh), (vl > vx) & (vl < vh), vh < vx
     tie = r.var(np.asarray(r.jout(), np.float64))
     out = tg.where(above, _bcast(r, hi, shape), tie)
@@ -422,14 +422,14 @@ def _max_ties(v, axes, out):
 @rule("reduce_max", doc="`max` (tied maxima share the gradient, as JAX)")
 def _reduce_max(r, xs, eqn):
     out = r.tape.apply(O.max, r.var(xs[0]), None, (_axes(eqn), False))
-    r.kink(_max_ties(r.value(xs[0]), _axes(eqn), r.value(out)), "tied maxima (shared equally, as JAX)")
+    r.kink(_max_ties(r.value(xs[0]), _axes(eqn), r.value(out)), "tied maxima")
     return out
 
 
 @rule("reduce_min", doc="`−max(−a)`")
 def _reduce_min(r, xs, eqn):
     out = _neg(r, r.tape.apply(O.max, _neg(r, r.var(xs[0])), None, (_axes(eqn), False)))
-    r.kink(_max_ties(r.value(xs[0]), _axes(eqn), r.value(out)), "tied minima (shared equally, as JAX)")
+    r.kink(_max_ties(r.value(xs[0]), _axes(eqn), r.value(out)), "tied minima")
     return out
 
 
@@ -455,7 +455,7 @@ def _sort(r, xs, eqn):
     keys = [np.moveaxis(env.np(s), dim, -1) for s in st.ins[:nk]]
     perm = np.lexsort(keys[::-1], axis=-1) if nk > 1 else np.argsort(keys[0], axis=-1, kind="stable")
     srt = np.take_along_axis(keys[0], perm, -1)
-    r.kink(int(np.sum(srt[..., 1:] == srt[..., :-1])), "tied keys (the permutation decides who gets the gradient)")
+    r.kink(int(np.sum(srt[..., 1:] == srt[..., :-1])), "tied sort keys")
     perm = np.moveaxis(perm, -1, dim)
     return [tg.take_along_axis(x, perm, axis=dim) if isinstance(x, tg.Var) else None for x in xs]
 

@@ -18,3 +18,12 @@ def test_transformer_three_ways():
     assert max(pairs[("eager tape", "native program")]) < 1e-12
     assert max(pairs[("eager tape", "jax.jit + optax")]) < 1e-12
     assert log["eager tape"]["loss"][-1] < log["eager tape"]["loss"][0]
+
+
+def test_fusion_study_fused_equals_unfused_with_fewer_kernels():
+    import fusion_study
+    import transformer
+    rows = fusion_study.run(fusion_study.QUICK_MLPS, transformer.QUICK, 1, 2, quiet=True)
+    for name, nodes, (unfused, fused), t, same in rows:
+        assert same, name
+        assert fused < unfused, (name, unfused, fused)

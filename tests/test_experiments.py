@@ -27,3 +27,14 @@ def test_fusion_study_fused_equals_unfused_with_fewer_kernels():
     for name, nodes, (unfused, fused), t, same in rows:
         assert same, name
         assert fused < unfused, (name, unfused, fused)
+
+
+def test_finetune_memory_lazy_constants_hold_the_frozen_weight_once():
+    import finetune_memory as F
+    n = 512
+    res, agree = F.measure((n,), quiet=True)
+    w = n * n * 8 / 2**20
+    eager, dropped, lazy = (res[(v, n)] for v in F.VARIANTS)
+    assert agree                                     # the same adapter, bit for bit, whichever way
+    assert lazy[0] <= eager[0] - 1.5 * w             # peak: no loaded copy and no tape copy
+    assert dropped[1] <= eager[1] - 0.9 * w and lazy[1] <= eager[1] - 0.9 * w   # held after training

@@ -16,6 +16,8 @@ from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log
                          maximum, mean, mse, mul, neg, power, relu, reshape, sigmoid, softmax,
                          softmax_cross_entropy, sqrt, square, sub, sum, tanh, transpose)
 # special functions
+from .functional import (asinh, atan2, cos, digamma, erf, erfc, expm1, lgamma, log1p, log_sigmoid, sin, softplus,
+                         tan)
 # scans and reductions
 # selection and indexing
 # convolution and pooling

@@ -52,6 +52,20 @@ def forms(op):
     return SCALAR_FORMS.get(op.name)
 
 
+def runtime_helper(op):
+    """The first native-runtime helper (``tg_*``, e.g. ``tg_digamma``) an op's scalar C forms call, or None:
+    c_grad cannot emit such an op.
+
+    >>> runtime_helper(O.OPS["lgamma"]), runtime_helper(O.OPS["erf"])
+    ('tg_digamma', None)
+    """
+    for text in forms(op) or ():
+        m = text and re.search(r"\b(tg_\w+)\s*\(", text)
+        if m:
+            return m.group(1)
+    return None
+
+
 def literal(x, dialect="c"):
     """The one printer of float literals: ``repr`` is the shortest string that reads back exactly, and C
     parses decimal literals with correct rounding. Negative values are parenthesised; non-finite
@@ -280,6 +294,11 @@ def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=Fa
         if op.arity and forms(op) is None:
             raise EmitError(f"{at(op.name, k)}: op {op.name} has no scalar C form (no c_fwd in the registry, "
                             f"nor in emit.SCALAR_FORMS); it cannot be emitted")
+        helper = runtime_helper(op)
+        if helper:
+            raise EmitError(f"{at(op.name, k)}: op {op.name}'s C form calls {helper}, a function of the native "
+                            f"runtime that c_grad does not emit (it emits libm calls only); capture the tape "
+                            f"with backend='native' instead")
     bind = _bindings(tape, live, params, leaves, dialect, bake)
     return _source(tape, top, live, bind, [tape._index(v, "c_grad", "params") for v in params], dialect, name,
                    with_data)

@@ -257,6 +257,26 @@ _install()
 # ── special functions (ops_special) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
+log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_sigmoid = (
+    _unary(O.OPS[n]) for n in ("log1p", "expm1", "erf", "erfc", "lgamma", "digamma", "sin", "cos", "tan", "asinh",
+                               "softplus", "log_sigmoid"))
+
+
+def atan2(a, b):
+    """The angle of the point (b, a) in (−π, π], elementwise and broadcasting, as ``numpy.arctan2(a, b)``.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> y, x = tape.param(np.array([1.0, -1.0])), tape.param(np.array([0.0, 0.0]))
+    >>> tape.value(tg.atan2(y, x)) / np.pi
+    array([ 0.5, -0.5])
+    """
+    return _binary(O.OPS["atan2"], None, a, b)
+
+
+for _f in (log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_sigmoid):
+    setattr(Var, _f.__name__, _f)
+
 
 # ── scans and reductions (ops_scan) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)

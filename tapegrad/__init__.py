@@ -19,6 +19,7 @@ from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log
 from .functional import (asinh, atan2, cos, digamma, erf, erfc, expm1, lgamma, log1p, log_sigmoid, sin, softplus,
                          tan)
 # scans and reductions
+from .functional import cummax, cumprod, cumsum, logsumexp, min, prod, sort, std, var
 # selection and indexing
 # convolution and pooling
 # linear algebra

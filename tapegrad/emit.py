@@ -36,6 +36,13 @@ SCALAR_FORMS = {
     # xent_fwd: −Σ b·logsoftmax(a) / rows with rows = 1; xent_da, xent_db with g/1 and −g/1.
     "softmax_xent": ("(b * ((a - a) - log(exp(a - a)))) / -1.0", "(exp(a - a) / exp(a - a) * b - b) * (g / 1.0)",
                      "((a - a) - log(exp(a - a))) * (-g / 1.0)"),
+    # scans of one element copy it; cumprod's VJP is S_0 = g, prod's is (1 · 1) · g, sort's a permutation of one.
+    "cumsum": _PASS, "cumprod": _PASS, "sort": _PASS, "prod": ("a", "1.0 * 1.0 * g", None),
+    # cummax_da / max_da: hit = (a == out), count = hit, hit · (g / count); min is max's rule
+    "cummax": ("a", "(a == out ? 1.0 : 0.0) * (g / (a == out ? 1.0 : 0.0))", None),
+    "min": ("a", "(a == out ? 1.0 : 0.0) * (g / (a == out ? 1.0 : 0.0))", None),
+    # logsumexp_fwd with max = a (finite) and Σ over one term; its VJP g · exp(a − out)
+    "logsumexp": ("log(exp(a - a)) + a", "g * exp(a - out)", None),
 }
 
 

@@ -80,6 +80,9 @@ SCALAR_CASES = {
     "transpose": ((1, 1), None, (1, 0)), "reshape": ((1,), None, (1, 1)), "broadcast_to": ((), None, (1, 1)),
     "slice": ((1, 1), None, ((0, 1), (0, 1))), "softmax": ((1,), None, 0), "logsoftmax": ((1, 1), None, 1),
     "softmax_xent": ((1,), (1,), 0), "matmul": ((1, 1), (1, 1), None), "bmm": ((1, 1, 1), (1, 1, 1), None),
+    "cumsum": ((1,), None, (0, False)), "cumprod": ((1, 1), None, (1, True)), "cummax": ((1,), None, (0, True)),
+    "sort": ((1,), None, 0), "min": ((1,), None, ((0,), True)), "prod": ((1, 1), None, ((0, 1), False)),
+    "logsumexp": ((1,), None, (None, False)),
 }
 NO_SCALAR_FORM = {"concat"}  # two non-empty inputs never make one element
 # ops whose C form calls a native-runtime helper (tg_digamma) are refused by c_grad: tests/test_ops_special.py
@@ -268,6 +271,7 @@ LIBM_CALLS = {
     "sigmoid": lambda a, s: [("exp", -abs(a))], "pow": lambda a, s: [("pow", a, s), ("pow", a, s - 1.0)],
     "softmax": lambda a, s: [("exp", 0.0)], "logsoftmax": lambda a, s: [("exp", 0.0), ("log", 1.0)],
     "softmax_xent": lambda a, s: [("exp", 0.0), ("log", 1.0)],
+    "logsumexp": lambda a, s: [("exp", 0.0), ("log", 1.0)],
     "log1p": lambda a, s: [("log1p", a)], "expm1": lambda a, s: [("expm1", a)],
     "erf": lambda a, s: [("erf", a), ("exp", -(a * a))], "erfc": lambda a, s: [("erfc", a), ("exp", -(a * a))],
     "sin": lambda a, s: [("sin", a), ("cos", a)], "cos": lambda a, s: [("cos", a), ("sin", a)],

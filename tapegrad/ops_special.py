@@ -126,7 +126,7 @@ erfc = op("erfc", 1, same, doc="1 − erf(a) without cancellation for large a (s
           ref=lambda jnp, a, b, s: jsp().erfc(a),
           c_fwd="erfc(a)", c_da="-(g * (1.1283791670955126 * exp(-(a * a))))", tier="libm",
           domain=(real,), cases=UN)
-lgamma = op("lgamma", 1, same, doc="log|Γ(a)| (scipy.special.gammaln); gradient digamma(a)",
+lgamma = op("lgamma", 1, same, doc="log of abs Γ(a) (scipy.special.gammaln); gradient digamma(a)",
             fwd=lambda a, b, s, out, ws: sc.gammaln(a, out=out),
             da=into(lambda g, out, a, b, s, t: (sc.psi(a, out=t), np.multiply(g, t, out=t))),
             ref=lambda jnp, a, b, s: jsp().gammaln(a),
@@ -171,10 +171,10 @@ softplus = op("softplus", 1, same, fwd=softplus_fwd, da=logistic_da(False),
               c_fwd="(a > 0.0 ? a : (a != a ? a : 0.0)) + log1p(exp(-fabs(a)))",
               c_da="g * ((a >= 0.0 ? 1.0 : exp(-fabs(a))) / (1.0 + exp(-fabs(a))))",
               tier="libm", domain=(wide,), cases=UN,
-              doc="log(1 + eᵃ) = max(a, 0) + log1p(e^−|a|), finite for every finite a; gradient sigmoid(a)")
+              doc="log(1 + eᵃ) = max(a, 0) + log1p(exp(−abs a)), finite for every finite a; gradient sigmoid(a)")
 log_sigmoid = op("log_sigmoid", 1, same, fwd=log_sigmoid_fwd, da=logistic_da(True),
                  ref=lambda jnp, a, b, s: -jnp.logaddexp(-a, 0.0),
                  c_fwd="(a < 0.0 ? a : (a != a ? a : 0.0)) - log1p(exp(-fabs(a)))",
                  c_da="g * ((a <= 0.0 ? 1.0 : exp(-fabs(a))) / (1.0 + exp(-fabs(a))))",
                  tier="libm", domain=(wide,), cases=UN,
-                 doc="log sigmoid(a) = min(a, 0) − log1p(e^−|a|); gradient sigmoid(−a)")
+                 doc="log sigmoid(a) = min(a, 0) − log1p(exp(−abs a)); gradient sigmoid(−a)")

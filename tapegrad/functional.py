@@ -281,21 +281,28 @@ for _f in (log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softp
 # ── scans and reductions (ops_scan) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
-def _axis(a, axis):
-    """An in-range axis made non-negative; anything else passes through for the shape rule to name."""
-    if isinstance(axis, (int, np.integer)) and not isinstance(axis, (bool, np.bool_)) and -a.ndim <= axis < a.ndim:
-        return int(axis) % a.ndim
-    return axis
+def _axis(opname, a, axis):
+    """One axis made non-negative, or the ShapeError that names it (checked here, not only by the shape
+    rule, so that 1.0 or True never reaches the registry as an axis)."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, (bool, np.bool_)):
+        return ShapeError(f"{at(opname, len(a.tape))}: axis must be an int, got {axis!r}")
+    if not -a.ndim <= axis < a.ndim:
+        return ShapeError(f"{at(opname, len(a.tape))}: axis {axis} is out of range for an input of shape "
+                          f"{a.shape} (ndim {a.ndim})")
+    return int(axis) % a.ndim
 
 
 def _scan(op):
     def f(a, axis, reverse=False):
         if a.id < 0:
             return a
+        k = _axis(op.name, a, axis)
+        if isinstance(k, ShapeError):
+            return a.tape._fail(k)
         if not isinstance(reverse, (bool, np.bool_)):
             return a.tape._fail(ShapeError(f"{at(op.name, len(a.tape))}: reverse must be True or False, got "
                                            f"{reverse!r}"))
-        return a.tape.apply(op, a, None, (_axis(a, axis), bool(reverse)))
+        return a.tape.apply(op, a, None, (k, bool(reverse)))
     f.__name__ = op.name
     return f
 
@@ -349,7 +356,8 @@ def sort(a, axis=-1):
     """
     if a.id < 0:
         return a
-    return a.tape.apply(O.OPS["sort"], a, None, _axis(a, axis))
+    k = _axis("sort", a, axis)
+    return a.tape._fail(k) if isinstance(k, ShapeError) else a.tape.apply(O.OPS["sort"], a, None, k)
 
 
 min, prod, logsumexp = (_reduce(O.OPS[n]) for n in ("min", "prod", "logsumexp"))

@@ -21,6 +21,8 @@ from .functional import (asinh, atan2, cos, digamma, erf, erfc, expm1, lgamma, l
 # scans and reductions
 from .functional import cummax, cumprod, cumsum, logsumexp, min, prod, sort, std, var
 # selection and indexing
+from .functional import (dynamic_slice, dynamic_update_slice, flip, index_add, index_set, split, stack,
+                         take, take_along_axis, where)
 # convolution and pooling
 # linear algebra
 from .gradcheck import gradcheck

@@ -84,8 +84,10 @@ SCALAR_CASES = {
     "sort": ((1,), None, 0), "min": ((1,), None, ((0,), True)), "prod": ((1, 1), None, ((0, 1), False)),
     "logsumexp": ((1,), None, (None, False)),
 }
-NO_SCALAR_FORM = {"concat"}  # two non-empty inputs never make one element
-# ops whose C form calls a native-runtime helper (tg_digamma) are refused by c_grad: tests/test_ops_special.py
+# concat: two non-empty inputs never make one element; ops with data inputs (indices, masks) and the
+# families without a one-element form (emit.forms says None) are refused by name (test below); so are ops
+# whose C form calls a native-runtime helper (tg_digamma): tests/test_ops_special.py
+NO_SCALAR_FORM = {op.name for op in O.OPS.values() if op.arity and forms(op) is None}
 EMITTABLE = [op for op in O.OPS.values() if op.arity and op.name not in NO_SCALAR_FORM and runtime_helper(op) is None]
 
 
@@ -427,6 +429,7 @@ def test_literals_round_trip(libs, dialect):
 def test_every_op_has_a_scalar_form_or_says_it_has_none(op):
     if op.name in NO_SCALAR_FORM:
         assert forms(op) is None
+        assert op.data or op.kind != "elementwise", f"{op.name}: an elementwise float op has a scalar C form"
     elif runtime_helper(op):   # c_grad refuses it with a message (tests/test_ops_special.py)
         assert forms(op) is not None and op.name not in PROGRAMS
     else:

@@ -13,6 +13,11 @@ from .ops import UN, BIN, into, op, positive, real, same, broadcast
 
 # 2/√π, the constant of d erf/dx = 2/√π · e^(−x²)
 TWO_OVER_SQRTPI = 1.1283791670955126
+# The native tests' bound for functions whose C and NumPy/SciPy forms agree only absolutely where a result
+# cancels to near zero (lgamma at 1 and 2, digamma at its root, expm1's gradient out + 1 near a = −∞,
+# erfc beyond 26.5 where SciPy flushes to 0 and glibc does not): 8 ulp or 8·eps·max(1, |result|).
+# Measured on 100,000 inputs each (experiments/special_ulps.py): at most 6.5·eps·max(1, |result|).
+NEAR_ZERO = (8, 1.0)
 
 
 def gauss(t, a):
@@ -106,7 +111,7 @@ expm1 = op("expm1", 1, same, doc="eᵃ − 1, accurate near 0; gradient g·(out 
            fwd=lambda a, b, s, out, ws: np.expm1(a, out=out),
            da=into(lambda g, out, a, b, s, t: (np.add(out, 1.0, out=t), np.multiply(g, t, out=t))),
            ref=lambda jnp, a, b, s: jnp.expm1(a),
-           c_fwd="expm1(a)", c_da="g * (out + 1.0)", tier="libm", domain=(real,), cases=UN)
+           c_fwd="expm1(a)", c_da="g * (out + 1.0)", tier="libm", ulps=NEAR_ZERO, domain=(real,), cases=UN)
 erf = op("erf", 1, same, doc="the error function (scipy.special.erf); gradient 2/√π·e^(−a²)",
          fwd=lambda a, b, s, out, ws: sc.erf(a, out=out),
          da=into(lambda g, out, a, b, s, t: np.multiply(g, gauss(t, a), out=t)),
@@ -117,20 +122,22 @@ erfc = op("erfc", 1, same, doc="1 − erf(a) without cancellation for large a (s
           fwd=lambda a, b, s, out, ws: sc.erfc(a, out=out),
           da=into(lambda g, out, a, b, s, t: (np.multiply(g, gauss(t, a), out=t), np.negative(t, out=t))),
           ref=lambda jnp, a, b, s: jnp.scipy.special.erfc(a),
-          c_fwd="erfc(a)", c_da="-(g * (1.1283791670955126 * exp(-(a * a))))", tier="libm",
+          c_fwd="erfc(a)", c_da="-(g * (1.1283791670955126 * exp(-(a * a))))", tier="libm", ulps=NEAR_ZERO,
           domain=(real,), cases=UN)
 lgamma = op("lgamma", 1, same, doc="log of abs Γ(a) (scipy.special.gammaln); gradient digamma(a)",
             fwd=lambda a, b, s, out, ws: sc.gammaln(a, out=out),
             da=into(lambda g, out, a, b, s, t: (sc.psi(a, out=t), np.multiply(g, t, out=t))),
             ref=lambda jnp, a, b, s: jnp.scipy.special.gammaln(a),
-            c_fwd="lgamma(a)", c_da="g * tg_digamma(a)", tier="libm", domain=(positive,), cases=UN)
+            c_fwd="lgamma(a)", c_da="g * tg_digamma(a)", tier="libm", ulps=NEAR_ZERO, domain=(positive,),
+            cases=UN)
 digamma = op("digamma", 1, same,
              doc="ψ(a) = d log Γ(a)/da (scipy.special.psi); gradient trigamma ψ'(a) = ζ(2, a)",
              fwd=lambda a, b, s, out, ws: sc.psi(a, out=out),
              # ψ'(a) = ζ(2, a), the Hurwitz zeta function: what scipy.special.polygamma(1, a) evaluates
              da=into(lambda g, out, a, b, s, t: (sc.zeta(2.0, a, out=t), np.multiply(g, t, out=t))),
              ref=lambda jnp, a, b, s: jnp.scipy.special.digamma(a),
-             c_fwd="tg_digamma(a)", c_da="g * tg_trigamma(a)", tier="libm", domain=(positive,), cases=UN)
+             c_fwd="tg_digamma(a)", c_da="g * tg_trigamma(a)", tier="libm", ulps=NEAR_ZERO, domain=(positive,),
+             cases=UN)
 sin = op("sin", 1, same, doc="sin a; gradient cos a",
          fwd=lambda a, b, s, out, ws: np.sin(a, out=out),
          da=into(lambda g, out, a, b, s, t: (np.cos(a, out=t), np.multiply(g, t, out=t))),

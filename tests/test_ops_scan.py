@@ -196,7 +196,8 @@ def test_var_matches_numpy_and_std_is_its_root():
 # ── bad input ────────────────────────────────────────────────────────────────
 
 @pytest.mark.parametrize("call,message", [
-    (lambda v: tg.cumsum(v, 2), r"^cumsum \(node 1\): axis 2 is out of range for an input of shape \(3, 4\) \(ndim 2\)$"),
+    (lambda v: tg.cumsum(v, 2), r"^cumsum \(node 1\): axis 2 is out of range for an input of shape \(3, 4\) "
+                                r"\(ndim 2\)$"),
     (lambda v: tg.cummax(v, -3), r"^cummax \(node 1\): axis -3 is out of range for an input of shape \(3, 4\) "
                                  r"\(ndim 2\)$"),
     (lambda v: tg.cumprod(v, 0, reverse="yes"), r"^cumprod \(node 1\): reverse must be True or False, got 'yes'$"),

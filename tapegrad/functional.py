@@ -346,9 +346,156 @@ _install()
 # ── special functions (ops_special) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
+log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_sigmoid = (
+    _unary(O.OPS[n]) for n in ("log1p", "expm1", "erf", "erfc", "lgamma", "digamma", "sin", "cos", "tan", "asinh",
+                               "softplus", "log_sigmoid"))
+
+
+def atan2(a, b):
+    """The angle of the point (b, a) in (−π, π], elementwise and broadcasting, as ``numpy.arctan2(a, b)``.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> y, x = tape.param(np.array([1.0, -1.0])), tape.param(np.array([0.0, 0.0]))
+    >>> tape.value(tg.atan2(y, x)) / np.pi
+    array([ 0.5, -0.5])
+    """
+    return _binary(O.OPS["atan2"], None, a, b)
+
+
+for _f in (log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_sigmoid):
+    setattr(Var, _f.__name__, _f)
+
 
 # ── scans and reductions (ops_scan) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
+
+def _axis(opname, a, axis):
+    """One axis made non-negative, or the ShapeError that names it (checked here, not only by the shape
+    rule, so that 1.0 or True never reaches the registry as an axis)."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, (bool, np.bool_)):
+        return ShapeError(f"{at(opname, len(a.tape))}: axis must be an int, got {axis!r}")
+    if not -a.ndim <= axis < a.ndim:
+        return ShapeError(f"{at(opname, len(a.tape))}: axis {axis} is out of range for an input of shape "
+                          f"{a.shape} (ndim {a.ndim})")
+    return int(axis) % a.ndim
+
+
+def _scan(op):
+    def f(a, axis, reverse=False):
+        if a.id < 0:
+            return a
+        k = _axis(op.name, a, axis)
+        if isinstance(k, ShapeError):
+            return a.tape._fail(k)
+        if not isinstance(reverse, (bool, np.bool_)):
+            return a.tape._fail(ShapeError(f"{at(op.name, len(a.tape))}: reverse must be True or False, got "
+                                           f"{reverse!r}"))
+        return a.tape.apply(op, a, None, (k, bool(reverse)))
+    f.__name__ = op.name
+    return f
+
+
+cumsum, cumprod, cummax = (_scan(O.OPS[n]) for n in ("cumsum", "cumprod", "cummax"))
+cumsum.__doc__ = """Running sum along ``axis`` (from the end with ``reverse=True``, as ``lax.cumsum``).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([1.0, 2.0, 3.0]))
+    >>> tape.value(tg.cumsum(x, 0)), tape.value(tg.cumsum(x, 0, reverse=True))
+    (array([1., 3., 6.]), array([6., 5., 3.]))
+    """
+cumprod.__doc__ = """Running product along ``axis`` (``reverse`` as in ``cumsum``); its gradient needs no division,
+    so zeros in ``a`` are fine.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([2.0, 0.0, 3.0]))
+    >>> tape.backward(tg.cumprod(x, 0).sum()); tape.grad(x)
+    True
+    array([1., 8., 0.])
+    """
+cummax.__doc__ = """Running maximum along ``axis`` (``reverse`` as in ``cumsum``); inputs tied with a running max
+    share that output's gradient equally.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([1.0, 3.0, 2.0, 3.0]))
+    >>> y = tg.cummax(x, 0); tape.value(y)
+    array([1., 3., 3., 3.])
+    >>> tape.backward(y.sum()); tape.grad(x)
+    True
+    array([1. , 2.5, 0. , 0.5])
+    """
+
+
+def sort(a, axis=-1):
+    """Sort ascending along ``axis`` (stable; NaN last, as ``numpy.sort``). The gradient of each output goes
+    back to the input it came from, through the stable argsort: of tied inputs, the earlier one receives
+    the earlier output's gradient (as ``jax.grad`` of ``jnp.sort``).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([3.0, 1.0, 2.0]))
+    >>> y = tg.sort(x); tape.value(y)
+    array([1., 2., 3.])
+    >>> tape.backward((y * np.array([1.0, 10.0, 100.0])).sum()); tape.grad(x)
+    True
+    array([100.,   1.,  10.])
+    """
+    if a.id < 0:
+        return a
+    k = _axis("sort", a, axis)
+    return a.tape._fail(k) if isinstance(k, ShapeError) else a.tape.apply(O.OPS["sort"], a, None, k)
+
+
+min, prod, logsumexp = (_reduce(O.OPS[n]) for n in ("min", "prod", "logsumexp"))
+
+
+def _moment(name, a, axis, ddof, keepdims):
+    if a.id < 0:
+        return a, None
+    try:
+        s = _axes(name, a, axis, keepdims)
+    except ShapeError as e:
+        return a.tape._fail(e), None
+    n = O.count(a.shape, s)
+    if not isinstance(ddof, numbers.Integral) or isinstance(ddof, bool) or not 0 <= ddof < n:
+        return a.tape._fail(ShapeError(f"{at(name, len(a.tape))}: ddof must be an int in [0, {n}) for {n} "
+                                       f"reduced elements of shape {a.shape}, got {ddof!r}")), None
+    # jnp.var's order: mean (Σ/n, kept dims), centre, square, Σ, divide by n − ddof
+    c = square(sub(a, mean(a, axis, keepdims=True)))
+    return a.tape.apply(O.divs, sum(c, axis, keepdims), None, float(n - ddof)), True
+
+
+def var(a, axis=None, ddof=0, keepdims=False):
+    """Variance over ``axis`` (None = all) with ``ddof`` delta degrees of freedom: a composite of registry
+    ops computed in ``jnp.var``'s order — mean, centre, square, sum, divide by N − ddof — so it rounds as
+    JAX's does wherever their sums add in the same order. ``ddof >= N`` is an error (JAX returns NaN).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([1.0, 2.0, 3.0, 4.0]))
+    >>> float(tape.value(tg.var(x))), float(tape.value(tg.var(x, ddof=1)))
+    (1.25, 1.6666666666666667)
+    """
+    return _moment("var", a, axis, ddof, keepdims)[0]
+
+
+def std(a, axis=None, ddof=0, keepdims=False):
+    """Standard deviation: ``sqrt(var(a, axis, ddof, keepdims))``, as ``jnp.std``.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> float(tape.value(tg.std(tape.param(np.array([1.0, 3.0])))))
+    1.0
+    """
+    v, ok = _moment("std", a, axis, ddof, keepdims)
+    return sqrt(v) if ok else v
+
+
+for _f in (cumsum, cumprod, cummax, sort, min, prod, logsumexp, var, std):
+    setattr(Var, _f.__name__, _f)
 
 
 # ── selection and indexing (ops_index) ─────────────────────────────────────────────

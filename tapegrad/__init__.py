@@ -19,6 +19,7 @@ from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log
 # scans and reductions
 # selection and indexing
 # convolution and pooling
+from .functional import avg_pool, conv, max_pool, sum_pool
 # linear algebra
 from .gradcheck import gradcheck
 from .optim import SGD, Adam

@@ -148,13 +148,16 @@ def pool_fwd(n):
 
 
 def pool_da(n):
-    """sum_pool: g added over every window position; max_pool: the first maximum's position (in S1),
-    then g added there only."""
+    """sum_pool: g added over every window position; max_pool: the first maximum's input index (in S1),
+    then g added there only (one pass over the outputs when windows do not overlap, else window
+    positions in row-major order as the NumPy rule adds them)."""
     cv, tab = pool_tables(n.ash, n.s)
     head = f"{{ static const long cv[] = {_arr(cv)}; static const long tb[] = {_arr(tab)}; "
     if n.name == "sum_pool":
         return [head + f"tg_pool(3, cv, tb, {n.A}, {n.dst}, 0, {n.G}); }}"], False
-    return [head + f"tg_pool(2, cv, tb, {n.A}, {n.V}, S1, 0); tg_pool(4, cv, tb, {n.A}, {n.dst}, S1, {n.G}); }}"], \
+    win, st, _ = n.s
+    mode = 5 if all(t >= w for w, t in zip(win, st)) else 4
+    return [head + f"tg_pool(2, cv, tb, {n.A}, {n.V}, S1, 0); tg_pool({mode}, cv, tb, {n.A}, {n.dst}, S1, {n.G}); }}"], \
         False
 
 

@@ -50,20 +50,27 @@ TG_FN void tg_kdecode(const tg_cgeo *q, long kk, long *kd)
     }
 }
 
-/* the spatial offset in the input of output row r (all dims but the last) read by kernel position kd,
- * or -1 when that row falls on padding */
-TG_FN long tg_row_base(const tg_cgeo *q, const long *tab, const long *kd, long r)
+/* the spatial offset in the input of the output row at idx[] (every dim but the last) read by kernel
+ * position kd, or -1 when that row falls on padding; rows advance with tg_row_next (no divisions) */
+TG_FN long tg_row_base(const tg_cgeo *q, const long *tab, const long *kd, const long *idx)
 {
     long off = 0;
-    for (int d = q->nsp - 2; d >= 0; d--) {
-        long m = r % q->o[d];
-        r /= q->o[d];
-        long i = tab[q->toff[d] + kd[d] * q->o[d] + m];
+    for (int d = 0; d < q->nsp - 1; d++) {
+        long i = tab[q->toff[d] + kd[d] * q->o[d] + idx[d]];
         if (i < 0)
             return -1;
         off += i * q->ist[d];
     }
     return off;
+}
+
+TG_FN void tg_row_next(const tg_cgeo *q, long *idx)
+{
+    for (int d = q->nsp - 2; d >= 0; d--) {
+        if (++idx[d] < q->o[d])
+            return;
+        idx[d] = 0;
+    }
 }
 
 #define TG_LASTROW(q, tab, kd) ((tab) + (q).toff[(q).nsp - 1] + (kd)[(q).nsp - 1] * (q).ol)
@@ -77,8 +84,9 @@ TG_FN void tg_im2col(const long *cv, const long *tab, const real *restrict x, re
     for (long kk = 0; kk < q.kk; kk++) {
         tg_kdecode(&q, kk, kd);
         const long *tl = TG_LASTROW(q, tab, kd);
-        for (long r = 0; r < q.rows; r++) {
-            long b = tg_row_base(&q, tab, kd, r);
+        long idx[TG_MAXD] = {0};
+        for (long r = 0; r < q.rows; r++, tg_row_next(&q, idx)) {
+            long b = tg_row_base(&q, tab, kd, idx);
             if (!q.last) {
                 for (long c = 0; c < q.c; c++)
                     for (long n = 0; n < q.n; n++) {
@@ -116,8 +124,9 @@ TG_FN void tg_col2im(const long *cv, const long *tab, const real *restrict dcols
     for (long kk = 0; kk < q.kk; kk++) {
         tg_kdecode(&q, kk, kd);
         const long *tl = TG_LASTROW(q, tab, kd);
-        for (long r = 0; r < q.rows; r++) {
-            long b = tg_row_base(&q, tab, kd, r);
+        long idx[TG_MAXD] = {0};
+        for (long r = 0; r < q.rows; r++, tg_row_next(&q, idx)) {
+            long b = tg_row_base(&q, tab, kd, idx);
             if (b < 0)
                 continue;
             if (!q.last) {
@@ -148,9 +157,12 @@ TG_FN void tg_col2im(const long *cv, const long *tab, const real *restrict dcols
 /* Pooling over every axis (cv's spatial dims are all the input's axes; N = C = G = 1).
  * mode 0: out = Σ windows (padding 0, the first position assigned, later ones added);
  * mode 1: out = max of windows (padding -inf; NaN propagates as np.maximum);
- * mode 2: arg = the first window position whose value equals out (-1 if none);
+ * mode 2: arg = the input index of the first window position (row-major) whose value equals out
+ *         (-1 if none, -2 if that position is padding);
  * mode 3: dx += g over every window position (dx zeroed first): sum_pool's gradient;
- * mode 4: dx += g at position arg only (dx zeroed first): max_pool's gradient. */
+ * mode 4: dx += g at the input index arg only (dx zeroed first), window positions in row-major order:
+ *         max_pool's gradient, the order of NumPy's rule when windows overlap;
+ * mode 5: the same when windows do not overlap, in one pass over the outputs. */
 TG_FN void tg_pool(int mode, const long *cv, const long *tab, const real *restrict x, real *restrict out,
                    real *restrict arg, const real *restrict g)
 {
@@ -160,11 +172,21 @@ TG_FN void tg_pool(int mode, const long *cv, const long *tab, const real *restri
         tg_fill(arg, q.p, R(-1.0));
     if (mode >= 3)
         tg_fill(out, q.isp, R(0.0));
+    if (mode == 5) {   /* windows that do not overlap: each input element gets at most one addition */
+        for (long i = 0; i < q.p; i++)
+            if (arg[i] >= R(0.0))
+                out[(long)arg[i]] = out[(long)arg[i]] + g[i];
+        return;
+    }
     for (long kk = 0; kk < q.kk; kk++) {
         tg_kdecode(&q, kk, kd);
         const long *tl = TG_LASTROW(q, tab, kd);
-        for (long r = 0; r < q.rows; r++) {
-            long b = tg_row_base(&q, tab, kd, r);
+        int full = 1;   /* no padding along the last axis for this window position */
+        for (long m = 0; m < q.ol; m++)
+            full &= tl[m] >= 0;
+        long idx[TG_MAXD] = {0};
+        for (long r = 0; r < q.rows; r++, tg_row_next(&q, idx)) {
+            long b = tg_row_base(&q, tab, kd, idx);
             const real *restrict src = b < 0 ? x : x + b;
             real *restrict o = out + r * q.ol;
             if (mode == 0) {
@@ -178,12 +200,21 @@ TG_FN void tg_pool(int mode, const long *cv, const long *tab, const real *restri
                     o[m] = kk == 0 ? v : (o[m] > v ? o[m] : (o[m] != o[m] ? o[m] : v));
                 }
             } else if (mode == 2) {
+                /* ties make branches unpredictable: rows without padding take a branch-free loop */
                 real *restrict a = arg + r * q.ol;
                 const real *restrict mx = out + r * q.ol;
-                for (long m = 0; m < q.ol; m++) {
-                    real v = (b < 0 || tl[m] < 0) ? -INFINITY : src[tl[m]];
-                    if (a[m] < R(0.0) && v == mx[m])
-                        a[m] = (real)kk;
+                if (b >= 0 && full) {
+                    for (long m = 0; m < q.ol; m++) {   /* -1 → index by adding hit · (index + 1): exact integers */
+                        long i = b + tl[m];
+                        real hit = (real)((a[m] == R(-1.0)) & (src[tl[m]] == mx[m]));
+                        a[m] = a[m] + hit * (real)(i + 1);
+                    }
+                } else {
+                    for (long m = 0; m < q.ol; m++) {
+                        int ok = b >= 0 && tl[m] >= 0;
+                        real v = ok ? src[tl[m]] : -INFINITY;
+                        a[m] = ((a[m] == R(-1.0)) & (v == mx[m])) ? (ok ? (real)(b + tl[m]) : R(-2.0)) : a[m];
+                    }
                 }
             } else {
                 if (b < 0)
@@ -191,9 +222,15 @@ TG_FN void tg_pool(int mode, const long *cv, const long *tab, const real *restri
                 real *restrict dx = out + b;
                 const real *restrict gr = g + r * q.ol;
                 const real *restrict a = arg + r * q.ol;
-                for (long m = 0; m < q.ol; m++)
-                    if (tl[m] >= 0 && (mode == 3 || a[m] == (real)kk))
-                        dx[tl[m]] = dx[tl[m]] + gr[m];
+                if (mode == 3) {
+                    for (long m = 0; m < q.ol; m++)
+                        if (tl[m] >= 0)
+                            dx[tl[m]] = dx[tl[m]] + gr[m];
+                } else {
+                    for (long m = 0; m < q.ol; m++)
+                        if (tl[m] >= 0 && a[m] == (real)(b + tl[m]))
+                            dx[tl[m]] = dx[tl[m]] + gr[m];
+                }
             }
         }
     }

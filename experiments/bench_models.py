@@ -2,6 +2,9 @@
 tape, the NumPy replay, the native program and jax.jit(value_and_grad + optax.adam), side by side.
 
 Every system runs in this one process, interleaved repeat by repeat (median), as in bench_capture.py.
+BLAS runs on one thread (threadpoolctl; ``--blas-threads`` to change it), as in bench_interop.py: these
+GEMMs are small (k = 9 or 72, n = 8 or 16), and on this shared 2-core machine OpenBLAS's second
+spinning thread made every tapegrad system 5-40x slower under load; XLA keeps its own thread pool.
 A model is one entry of ``MODELS``: ``init`` (parameters), ``data`` (one batch), ``tape_loss`` and
 ``jax_loss`` (the same model twice). ``--quick`` for a smoke run.
 """
@@ -139,7 +142,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--blas-threads", type=int, default=1)
     args = ap.parse_args()
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(args.blas_threads, "blas")
     reps, inner = (3, 2) if args.quick else (11, 10)
     cols = ["eager tape", "numpy replay", "native", "jax.jit"]
     rows = []

@@ -6,7 +6,13 @@ transposition flags, contiguous operands) and replaces the data movement around 
 NumPy itself calls, a conv replays the tape to the bit whenever NumPy takes its GEMM path (every GEMM
 dimension > 1); the registry's "blas" tier bounds the rest.
 
-IM2COL_NOTE
+im2col + GEMM over direct loops, measured (float64, one BLAS thread, shared 2-core Xeon, median µs):
+a direct NCHW loop nest (for n, o, c, i, j: out[n, o] += w[o, c, i, j] · shifted x[n, c], vectorised
+along the output row) against a captured program's forward (the conv, then an output-sized product and
+sum, which alone took 160 at the first layer's output size) at the benchmark CNN's two layers:
+32×1×28×28 ∗ 8×1×3×3: direct 302, im2col + GEMM program 467; 32×8×13×13 ∗ 16×8×3×3: direct 1,227,
+im2col + GEMM program 441. The GEMM wins 3x once channels grow and ties at one input channel, and it is
+the path that reproduces NumPy's bits, so it is the only one kept.
 """
 from . import kernels
 from ..ops_conv import geometry, pool_geometry

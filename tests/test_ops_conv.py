@@ -344,3 +344,29 @@ def test_native_conv_equals_the_tape_where_numpy_takes_its_gemm_path(xs, ws, kw)
     assert np.array_equal(prog.value(y), tape.value(y))
     assert np.array_equal(prog.grad(vx), tape.grad(vx))
     assert np.array_equal(prog.grad(vw), tape.grad(vw))
+
+
+def test_the_readme_cnn_example_trains():
+    import pathlib
+    import re
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"## Models on the tape\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    scope = {}
+    exec(compile(code.replace("print(", "(lambda *a: None)("), "README.md", "exec"), scope)
+    assert float(scope["tape"].value(scope["loss"])) < 0.05
+    assert scope["cnn"].episode() < 0.05
+
+
+def test_small_cnn_in_float32_replays_natively_close_to_the_float64_tape():
+    init, (x, y) = cnn_init("NHWC"), cnn_data("NHWC")
+    grads = {}
+    for dt in ("float64", "float32"):
+        tape = tg.Tape(dtype=dt)
+        P = [tape.param(p.astype(dt)) for p in init]
+        loss = cnn_tape(tape, P, tape.const(x.astype(dt)), tape.const(y.astype(dt)), "NHWC")
+        tape.backward(loss)
+        prog = tg.capture(tape, loss, backend="native")
+        prog.forward()
+        prog.backward()
+        grads[dt] = [prog.grad(p) if dt == "float32" else tape.grad(p) for p in P]
+    assert max(rel(a, b) for a, b in zip(grads["float32"], grads["float64"])) <= 1e-5

@@ -274,7 +274,7 @@ def conv_db(g, out, a, b, s, ws):
 
 
 def conv_ref(jnp, a, b, s):
-    from jax import lax   # only interop's oracle calls a ref, with JAX present
+    lax = jnp.lax
     layout, st, pads, ld, rd, g = s
     nsp = a.ndim - 2
     sp = "DHW"[3 - nsp:] if nsp <= 3 else "".join(chr(ord("a") + d) for d in range(nsp))
@@ -404,10 +404,10 @@ def max_pool_da(g, out, a, b, s, ws):
     return _pool_scatter(a.shape, s, ws, add)
 
 
-def _reduce_window(a, s, init, name):
-    from jax import lax   # lax.max / lax.add are the monoids JAX differentiates (select_and_scatter_add)
+def _reduce_window(jnp, a, s, init, name):
+    # lax.max / lax.add are the monoids JAX differentiates (max through select_and_scatter_add)
     win, st, pads = s
-    return lax.reduce_window(a, init, getattr(lax, name), win, st, pads)
+    return jnp.lax.reduce_window(a, init, getattr(jnp.lax, name), win, st, pads)
 
 
 POOL_CASES = (
@@ -418,12 +418,12 @@ POOL_CASES = (
 )
 
 max_pool = op("max_pool", 1, pool_shape, fwd=max_pool_fwd, da=max_pool_da,
-              ref=lambda jnp, a, b, s: _reduce_window(a, s, -np.inf, "max"),
+              ref=lambda jnp, a, b, s: _reduce_window(jnp, a, s, -np.inf, "max"),
               kind="pool", domain=(spread,), cases=POOL_CASES,
               doc="reduce_window max (padding is −inf); the gradient goes to the first maximum of each "
                   "window in row-major window order; s = (window, strides, padding), one entry per axis")
 sum_pool = op("sum_pool", 1, pool_shape, fwd=sum_pool_fwd, da=sum_pool_da,
-              ref=lambda jnp, a, b, s: _reduce_window(a, s, 0.0, "add"),
+              ref=lambda jnp, a, b, s: _reduce_window(jnp, a, s, 0.0, "add"),
               kind="pool", domain=(real,), cases=POOL_CASES,
               doc="reduce_window add (padding is 0), window positions added in row-major order; "
                   "s = (window, strides, padding)")

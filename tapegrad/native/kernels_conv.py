@@ -14,8 +14,11 @@ sum, which alone took 160 at the first layer's output size) at the benchmark CNN
 im2col + GEMM program 441. The GEMM wins 3x once channels grow and ties at one input channel, and it is
 the path that reproduces NumPy's bits, so it is the only one kept.
 """
-from . import kernels
+from ..errors import TapeError, at
 from ..ops_conv import geometry, pool_geometry
+from . import kernels
+
+MAXD = 8   # runtime.c's TG_MAXD: the most spatial dims (conv) or axes (pooling) the C loops index
 
 
 def _arr(vals):
@@ -45,6 +48,12 @@ def pool_tables(shape, s):
                 pos = i * t + j - lo
                 tab.append(pos if 0 <= pos < n else -1)
     return cv, tab
+
+
+def _fits(n, nd):
+    if nd > MAXD:
+        raise TapeError(f"{at(n.name, n.k)}: the native backend handles at most {MAXD} windowed dimensions, "
+                        f"got {nd}; use backend='numpy'")
 
 
 def _call(fn, cv, tab, args):
@@ -89,6 +98,7 @@ def _regroup_w(n, geo, dst):
 
 def conv_fwd(n):
     geo = geometry(n.ash, n.bsh, n.s)
+    _fits(n, len(geo.k))
     cv, tab = conv_tables(geo)
     npn, ck = geo.n * geo.p, geo.cg * geo.kk
     lines = _call("tg_im2col", cv, tab, f"{n.A}, S0")
@@ -148,6 +158,7 @@ def conv_d(n):
 
 
 def pool_fwd(n):
+    _fits(n, len(n.ash))
     cv, tab = pool_tables(n.ash, n.s)
     return [f"{{ static const long cv[] = {_arr(cv)}; static const long tb[] = {_arr(tab)}; "
             f"tg_pool({int(n.name == 'max_pool')}, cv, tb, {n.A}, {n.V}, 0, 0); }}"]

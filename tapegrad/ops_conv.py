@@ -306,7 +306,7 @@ conv = op("conv", 2, conv_shape, fwd=conv_fwd, da=conv_da, db=conv_db, ref=conv_
 # ── pooling (reduce_window over every axis) ──────────────────────────────────
 
 def pool_geometry(xs, s):
-    """(window, strides, pads, out shape) of a pooling node; raises ``Bad`` saying what does not fit."""
+    """The output shape of a pooling node; raises ``Bad`` saying what does not fit."""
     if not isinstance(s, tuple) or len(s) != 3:
         raise Bad(f"expected s = (window, strides, padding), one entry per axis, got {s!r}")
     win, st, pads = s
@@ -380,7 +380,8 @@ def max_pool_fwd(a, b, s, out, ws):
 
 
 def max_pool_arg(a, out, s, ws):
-    """Per output element, the first window position (row-major) holding the maximum (-1 if none, NaN)."""
+    """Per output element, the first window position (row-major) equal to the maximum (-1 where none is:
+    a window holding NaN)."""
     arg = ws.take(out.shape)
     arg.fill(-1.0)
     hit = ws.take_mask(out.shape)

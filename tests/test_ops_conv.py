@@ -349,7 +349,7 @@ def test_the_readme_cnn_example_trains():
     import pathlib
     import re
     readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = re.search(r"## Models on the tape\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    code = re.search(r"A CNN trained on the tape.*?```python\n(.*?)```", readme, re.S).group(1)
     scope = {}
     exec(compile(code.replace("print(", "(lambda *a: None)("), "README.md", "exec"), scope)
     assert float(scope["tape"].value(scope["loss"])) < 0.05

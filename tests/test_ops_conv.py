@@ -3,6 +3,7 @@ dilations, groups and layouts; max pooling's first-maximum tie rule; bad input; 
 jax.grad, captured and replayed natively."""
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings, strategies as st
 
 import tapegrad as tg
 from tapegrad import ops as O
@@ -381,3 +382,56 @@ def test_native_refuses_pooling_over_more_axes_than_its_loops_index():
         tg.capture(tape, loss, backend="native")
     prog = tg.capture(tape, loss)
     assert prog.forward() == 1.0 * 2 ** 9
+
+
+# ── random geometries: a direct definition of the convolution, and finite differences ──────────
+
+def conv_by_definition(x, w, st, pads, ld, rd, groups, last):
+    """out[n, o, p] = Σ_{c, k} x̃[n, g(o)·Cg + c, p·st + k·rd] · w[o, c, k], x̃ the lhs-dilated, padded input."""
+    if last:
+        x, w = np.moveaxis(x, -1, 1), np.moveaxis(np.moveaxis(w, -1, 0), -1, 1)
+    n, c, *sp = x.shape
+    o, cg, *ks = w.shape
+    xt = np.zeros((n, c) + tuple((s - 1) * d + 1 + lo + hi for s, d, (lo, hi) in zip(sp, ld, pads)))
+    xt[(slice(None), slice(None)) + tuple(slice(lo, lo + (s - 1) * d + 1, d) for s, d, (lo, _) in zip(sp, ld, pads))] = x
+    out_sp = [(m - ((k - 1) * r + 1)) // s + 1 for m, k, r, s in zip(xt.shape[2:], ks, rd, st)]
+    out = np.zeros((n, o) + tuple(out_sp))
+    og = o // groups
+    for p in np.ndindex(*out_sp):
+        for k in np.ndindex(*ks):
+            at_ = tuple(pi * s + ki * r for pi, ki, s, r in zip(p, k, st, rd))
+            for j in range(groups):
+                xs = xt[(slice(None), slice(j * cg, (j + 1) * cg)) + at_]                 # (n, cg)
+                out[(slice(None), slice(j * og, (j + 1) * og)) + p] += xs @ w[(slice(j * og, (j + 1) * og), slice(None)) + k].T
+    return np.moveaxis(out, 1, -1) if last else out
+
+
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_random_conv_geometries_match_the_definition_and_finite_differences(data):
+    nsp = data.draw(st.integers(1, 2))
+    groups = data.draw(st.sampled_from([1, 2]))
+    cg, og = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 2))
+    ks = [data.draw(st.integers(1, 3)) for _ in range(nsp)]
+    sp = [data.draw(st.integers(1, 5)) for _ in range(nsp)]
+    st_ = tuple(data.draw(st.integers(1, 2)) for _ in range(nsp))
+    ld = tuple(data.draw(st.integers(1, 2)) for _ in range(nsp))
+    rd = tuple(data.draw(st.integers(1, 2)) for _ in range(nsp))
+    pads = tuple((data.draw(st.integers(0, 2)), data.draw(st.integers(0, 2))) for _ in range(nsp))
+    last = data.draw(st.booleans())
+    for s, k, d, r, (lo, hi) in zip(sp, ks, ld, rd, pads):
+        assume((s - 1) * d + 1 + lo + hi >= (k - 1) * r + 1)
+    c, o = groups * cg, groups * og
+    xs = (2,) + tuple(sp) + (c,) if last else (2, c) + tuple(sp)
+    ws = tuple(ks) + (cg, o) if last else (o, cg) + tuple(ks)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    x, w = rng.standard_normal(xs), rng.standard_normal(ws)
+    kw = dict(stride=st_, padding=pads, lhs_dilation=ld, rhs_dilation=rd, groups=groups,
+              layout="NHWC" if last else "NCHW")
+    tape = tg.Tape()
+    y = tg.conv(tape.param(x), tape.param(w), **kw)
+    want = conv_by_definition(x, w, st_, pads, ld, rd, groups, last)
+    assert rel(tape.value(y), want) <= 1e-14
+    probe = rng.standard_normal(want.shape)
+    report = tg.gradcheck(lambda t, vx, vw: (tg.conv(vx, vw, **kw) * t.const(probe)).sum(), x, w, directions=2)
+    assert report.ok, report

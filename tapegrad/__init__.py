@@ -24,6 +24,7 @@ from .functional import cummax, cumprod, cumsum, logsumexp, min, prod, sort, std
 from .functional import (dynamic_slice, dynamic_update_slice, flip, index_add, index_set, split, stack,
                          take, take_along_axis, where)
 # convolution and pooling
+from .functional import avg_pool, conv, max_pool, sum_pool
 # linear algebra
 from .gradcheck import gradcheck
 from .optim import SGD, Adam

@@ -20,6 +20,7 @@ from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log
 # selection and indexing
 # convolution and pooling
 # linear algebra
+from .functional import cholesky, logdet, slogdet, solve, triangular_solve
 from .gradcheck import gradcheck
 from .optim import SGD, Adam
 from .tape import NonFinite, Tape, Var

@@ -5,12 +5,16 @@ of cholesky / triangular_solve / solve / logdet against finite differences, jax.
 the NumPy and native replays; here: what those cannot see.
 """
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import tapegrad as tg
 from tapegrad import ops as O
+from tapegrad.native import build
 from tapegrad.ops_linalg import TRI_FLAGS, general, spd, triangular
 
 LINALG = [o for o in O.OPS.values() if o.kind == "linalg"]
@@ -278,3 +282,20 @@ def test_gp_with_exp_kernel_natively_within_the_libm_bound():
     for p in params:
         want = tape.grad(p)
         assert np.abs(prog.grad(p) - want).max() <= 1e-13 * np.abs(want).max()
+
+
+def test_scipy_cython_lapack_fallback(tmp_path):
+    """With TAPEGRAD_BLAS=scipy the ops call SciPy's Cython LAPACK exports (32-bit integers) on the tape
+    and in the native program alike, still ==."""
+    code = ("import numpy as np, tapegrad as tg\n"
+            "from tapegrad.ops_linalg import lapack, spd, general\n"
+            "r = np.random.default_rng(0); t = tg.Tape()\n"
+            "a = t.param(spd(r, (4, 4))); m = t.param(general(r, (4, 4))); b = t.param(r.standard_normal((4, 2)))\n"
+            "x = tg.solve(m, tg.triangular_solve(tg.cholesky(a), b, transpose_a=True))\n"
+            "l = (x * x).sum() + tg.logdet(a); t.backward(l)\n"
+            "p = tg.capture(t, l, backend='native'); p.forward(); p.backward()\n"
+            "print(lapack('float64').where, lapack('float64').int, float(p.loss()) == float(t.value(l)), "
+            "all(bool((p.grad(v) == t.grad(v)).all()) for v in (a, m, b)))\n")
+    env = {**os.environ, "TAPEGRAD_BLAS": "scipy", build.ENV: str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["scipy.linalg.cython_lapack", "int32", "True", "True"]

@@ -576,8 +576,7 @@ def logdet(a):
 
     ``a`` is (…, n, n) (read as (a + aᵀ)/2, like ``cholesky``); the result has the batch shape. The
     gradient is g·a⁻¹ (LAPACK ``potri``). A matrix that is not positive definite raises
-    ``tapegrad.DomainError``: for a general matrix use ``solve``-based formulations; ``slogdet`` here is
-    only the SPD case.
+    ``tapegrad.DomainError``; ``slogdet`` takes general matrices (LU).
 
     >>> import numpy as np, tapegrad as tg
     >>> tape = tg.Tape()
@@ -595,20 +594,27 @@ def logdet(a):
 
 
 def slogdet(a):
-    """(sign, log|det a|) for a symmetric positive definite ``a``, as ``numpy.linalg.slogdet`` returns them.
+    """(sign, log|det a|) of a general square matrix, as ``numpy.linalg.slogdet``: two Vars.
 
-    Only the SPD case: the sign is then 1 (an array of ones with the batch shape, no gradient) and the
-    log is ``logdet(a)``. A matrix that is not positive definite raises ``tapegrad.DomainError`` rather
-    than returning a sign of −1 or 0: general matrices are not supported.
+    Both come from the LU factors (LAPACK ``getrf``): the sign is Π sign(Uᵢᵢ) times −1 per row
+    interchange (it has no gradient), the log Σ log|Uᵢᵢ|, whose gradient is g·a⁻ᵀ. An exactly singular
+    matrix gives sign 0 and log −inf (and no finite gradient), as NumPy. For a symmetric positive
+    definite matrix ``logdet`` (Cholesky, half the work) is the faster way to the same number.
 
     >>> import numpy as np, tapegrad as tg
     >>> tape = tg.Tape()
-    >>> sign, ld = tg.slogdet(tape.param(np.eye(3) * 2.0))
-    >>> float(sign), round(float(tape.value(ld)), 12) == round(3 * float(np.log(2.0)), 12)
-    (1.0, True)
+    >>> a = tape.param(np.array([[0.0, 2.0], [4.0, 1.0]]))
+    >>> sign, ld = tg.slogdet(a)
+    >>> float(tape.value(sign)), float(tape.value(ld)) == float(np.log(8.0))
+    (-1.0, True)
+    >>> tape.backward(ld); tape.grad(a)          # a⁻ᵀ
+    True
+    array([[-0.125,  0.5  ],
+           [ 0.25 ,  0.   ]])
     """
-    d = logdet(a)
-    return np.ones(d.shape if d.id >= 0 else (), d.tape.dtype), d
+    tape = _tape(a)
+    a = _var(a, tape)
+    return tape.apply(O.OPS["det_sign"], a), tape.apply(O.OPS["logabsdet"], a)
 
 
 for _f in (cholesky, logdet):

@@ -371,6 +371,70 @@ def logdet_da(g, out, a, b, s, ws):
     return c
 
 
+# ── slogdet of a general matrix: logabsdet and det_sign ─────────────────────
+
+def log_abs(d):
+    """log|d| with the C library's log (log 0 = −inf, as C's log and NumPy's slogdet give)."""
+    return -math.inf if d == 0.0 else math.log(abs(d))
+
+
+def logabsdet_fwd(a, b, s, out, ws):
+    # Σ log|Uᵢᵢ| of the LU factors, in order in double with the C library's log (as logdet_fwd); an
+    # exactly singular matrix gives −inf, as numpy.linalg.slogdet.
+    la = lapack(a.dtype)
+    n = a.shape[-1]
+    A, o = batches(a), out.reshape(-1)
+    w, ipiv = lu_scratch(la, n, ws)
+    for q in range(len(A)):
+        np.copyto(w, A[q])
+        la.getrf(w, ipiv)
+        acc = 0.0
+        for d in w.reshape(-1)[::n + 1].tolist():
+            acc = acc + log_abs(d)
+        o[q] = acc
+
+
+def logabsdet_da(g, out, a, b, s, ws):
+    # Giles 2008 §2.2: d log|det A| = tr(A⁻¹ dA) ⇒ Ā = ḡ A⁻ᵀ; A⁻ᵀ by getrs from the identity (the LU
+    # is of Aᵀ, so solving A·Y = I leaves Y = A⁻¹ column-major: A⁻ᵀ row-major).
+    la = lapack(a.dtype)
+    n = a.shape[-1]
+    A, G = batches(a), g.reshape(-1)
+    c = ws.take(a.shape)
+    C = batches(c)
+    w, ipiv = lu_scratch(la, n, ws)
+    for q in range(len(A)):
+        np.copyto(w, A[q])
+        la.getrf(w, ipiv)
+        np.copyto(C[q], 0.0)
+        np.copyto(C[q].reshape(-1)[::n + 1], 1.0)
+        la.getrs(True, w, ipiv, C[q])
+        np.multiply(C[q], G[q], out=C[q])
+    return c
+
+
+def det_sign_fwd(a, b, s, out, ws):
+    # Π sign(Uᵢᵢ) · (−1)^(row interchanges) of the LU factors (det Aᵀ = det A); 0 when singular
+    la = lapack(a.dtype)
+    n = a.shape[-1]
+    A, o = batches(a), out.reshape(-1)
+    w, ipiv = lu_scratch(la, n, ws)
+    for q in range(len(A)):
+        np.copyto(w, A[q])
+        la.getrf(w, ipiv)
+        sign = 1.0
+        for i, (d, p) in enumerate(zip(w.reshape(-1)[::n + 1].tolist(), ipiv.tolist())):
+            sign = sign * (1.0 if d > 0.0 else -1.0 if d < 0.0 else 0.0) * (1.0 if p == i + 1 else -1.0)
+        o[q] = sign
+
+
+def zero_da(g, out, a, b, s, ws):
+    """A piecewise-constant op: no gradient (exact zeros)."""
+    c = ws.take(a.shape)
+    c.fill(0.0)
+    return c
+
+
 # ── test domains ─────────────────────────────────────────────────────────────
 
 def spd(rng, shape):
@@ -443,3 +507,14 @@ logdet = op("logdet", 1, logdet_shape, fwd=logdet_fwd, da=logdet_da,
             tier="blas", kind="linalg", domain=(spd,),
             cases=(((3, 3), None, None), ((1, 1), None, None), ((6, 6), None, None), ((2, 4, 4), None, None)),
             doc="log det of a symmetric positive definite (a + aᵀ)/2: 2·Σ log diag L (LAPACK potrf)")
+logabsdet = op("logabsdet", 1, logdet_shape, fwd=logabsdet_fwd, da=logabsdet_da,
+               ref=lambda jnp, a, b, s: jnp.linalg.slogdet(a)[1],
+               tier="blas", kind="linalg", domain=(general,),
+               cases=(((3, 3), None, None), ((1, 1), None, None), ((5, 5), None, None), ((2, 4, 4), None, None)),
+               doc="log abs(det a) of a general square matrix: Σ log abs(Uᵢᵢ) of its LU factors (LAPACK "
+                   "getrf); −inf when singular")
+det_sign = op("det_sign", 1, logdet_shape, fwd=det_sign_fwd, da=zero_da,
+              ref=lambda jnp, a, b, s: jnp.linalg.slogdet(a)[0],
+              tier="blas", kind="linalg", domain=(general,),
+              cases=(((3, 3), None, None), ((1, 1), None, None), ((5, 5), None, None), ((2, 4, 4), None, None)),
+              doc="the sign of det a (±1, 0 when singular) from its LU factors (LAPACK getrf); no gradient")

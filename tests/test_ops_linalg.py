@@ -75,13 +75,19 @@ def test_solve_takes_a_vector_right_hand_side_like_numpy():
     np.testing.assert_allclose(tape.value(x), np.linalg.solve(a, b), rtol=1e-13)
 
 
-def test_slogdet_is_the_spd_case():
-    a = spd(np.random.default_rng(3), (2, 3, 3))
+def test_slogdet_of_general_and_singular_matrices_is_numpys():
+    rng = np.random.default_rng(3)
+    a = general(rng, (3, 4, 4))
     tape = tg.Tape()
     sign, ld = tg.slogdet(tape.param(a))
     want = np.linalg.slogdet(a)
-    assert np.array_equal(sign, [1.0, 1.0])
+    assert np.array_equal(tape.value(sign), want.sign) and set(want.sign) == {-1.0, 1.0}
     np.testing.assert_allclose(tape.value(ld), want.logabsdet, rtol=1e-14)
+    sign, ld = tg.slogdet(tape.const(np.array([[1.0, 2.0], [2.0, 4.0]])))
+    assert float(tape.value(sign)) == 0.0 and float(tape.value(ld)) == -math.inf
+    m = spd(rng, (5, 5))
+    np.testing.assert_allclose(tape.value(tg.slogdet(tape.const(m))[1]), tape.value(tg.logdet(tape.const(m))),
+                               rtol=1e-14)
 
 
 def test_float32_tapes_run_single_precision_lapack():

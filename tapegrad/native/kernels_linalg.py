@@ -86,6 +86,20 @@ def logdet_da(n):
     return [f"tg_logdet_da(T, {n.A}, {n.G}, {n.dst}, S1, {nb}L, {k}L);"], False
 
 
+def slogdet_fwd(n):
+    nb, _, k = dims(n)
+    return [f"tg_slogdet(T, {int(n.name == 'det_sign')}, {n.A}, {n.V}, S0, (tg_bint *)S1, {nb}L, {k}L);"]
+
+
+def logabsdet_da(n):
+    nb, _, k = dims(n)
+    return [f"tg_logabsdet_da(T, {n.A}, {n.G}, {n.dst}, S1, (tg_bint *)S2, {nb}L, {k}L);"], False
+
+
+def zero_da(n):
+    return [f"tg_fill({n.dst}, {math.prod(n.ash)}L, {n.d.lit(0.0)});"], False
+
+
 def solve_scratch(p, k):
     """Elements each of S0..S2 must hold: the LU (n²), or B̄ᵀ of every matrix plus the pivots."""
     ash, bsh = p.shapes[p.nodes[k][1]], p.shapes[p.nodes[k][2]]
@@ -93,8 +107,13 @@ def solve_scratch(p, k):
     return max(n * n, n * c, -(-nb * n * c // 16) * 16 + 2 * n + 16)
 
 
+def pivots_scratch(p, k):
+    """The pivots (n LAPACK integers) fit in a scratch buffer even for 1×1 float32 matrices."""
+    return 2 * p.shapes[p.nodes[k][1]][-1] + 16
+
+
 kernels.FORWARD.update({"cholesky": cholesky_fwd, "triangular_solve": trisolve_fwd, "solve": solve_fwd,
-                        "logdet": logdet_fwd})
+                        "logdet": logdet_fwd, "logabsdet": slogdet_fwd, "det_sign": slogdet_fwd})
 kernels.BACKWARD.update({"cholesky": cholesky_da, "triangular_solve": trisolve_d, "solve": solve_d,
-                         "logdet": logdet_da})
-kernels.SCRATCH.update({"solve": solve_scratch})
+                         "logdet": logdet_da, "logabsdet": logabsdet_da, "det_sign": zero_da})
+kernels.SCRATCH.update({"solve": solve_scratch, "logabsdet": pivots_scratch, "det_sign": pivots_scratch})

@@ -206,3 +206,37 @@ TG_FN void tg_logdet_da(void **T, const real *a, const real *g, real *c, real *w
                 C[i * n + j] = (j <= i ? w[i * n + j] : w[j * n + i]) * g[q];
     }
 }
+
+/* logabsdet: Σ log|Uᵢᵢ| of the LU factors in order in double (log 0 = −inf); det_sign: Π sign(Uᵢᵢ) times
+ * −1 per row interchange (ops_linalg.logabsdet_fwd / det_sign_fwd). */
+TG_FN void tg_slogdet(void **T, int sign, const real *a, real *out, real *w, tg_bint *ipiv, long nb, long n)
+{
+    for (long q = 0; q < nb; q++) {
+        memcpy(w, a + q * n * n, (size_t)(n * n) * sizeof(real));
+        tg_la_getrf(T, w, ipiv, n);
+        double acc = sign ? 1.0 : 0.0;
+        for (long i = 0; i < n; i++) {
+            double d = (double)w[i * n + i];
+            if (sign)
+                acc = acc * (d > 0.0 ? 1.0 : d < 0.0 ? -1.0 : 0.0) * (ipiv[i] == i + 1 ? 1.0 : -1.0);
+            else
+                acc = acc + (d == 0.0 ? -INFINITY : log(fabs(d)));
+        }
+        out[q] = (real)acc;
+    }
+}
+
+/* logabsdet_da: c = g · A⁻ᵀ, getrs 'T' from the identity with the LU of Aᵀ. */
+TG_FN void tg_logabsdet_da(void **T, const real *a, const real *g, real *c, real *w, tg_bint *ipiv, long nb, long n)
+{
+    for (long q = 0; q < nb; q++) {
+        real *C = c + q * n * n;
+        memcpy(w, a + q * n * n, (size_t)(n * n) * sizeof(real));
+        tg_la_getrf(T, w, ipiv, n);
+        for (long i = 0; i < n * n; i++)
+            C[i] = i % (n + 1) == 0 ? R(1.0) : R(0.0);
+        tg_la_getrs(T, 1, w, ipiv, C, n, n);
+        for (long i = 0; i < n * n; i++)
+            C[i] = C[i] * g[q];
+    }
+}

@@ -305,3 +305,21 @@ def test_scipy_cython_lapack_fallback(tmp_path):
     env = {**os.environ, "TAPEGRAD_BLAS": "scipy", build.ENV: str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["scipy.linalg.cython_lapack", "int32", "True", "True"]
+
+
+def test_gp_program_inside_jax_jit_is_the_tape():
+    """The captured GP as an XLA custom call (interop.program_call) under jax.jit(value_and_grad): the
+    LAPACK table travels in the program's context, and loss and gradients are the tape's, ==."""
+    jax_or_skip()
+    import interop
+    jax, jnp = interop.jax, interop.jnp
+    x, y = gp_data()
+    tape, params, yv, loss = record_gp("cauchy", x, y)
+    prog = tg.capture(tape, loss, backend="native")
+    call = interop.program_call(prog)
+    assert call.native   # the FFI handler calling the compiled program, not a host callback
+    f = jax.jit(jax.value_and_grad(call, argnums=(0, 1, 2, 3)))
+    val, grads = f(*THETA, x, y, np.eye(len(y)))
+    assert float(val) == float(tape.value(loss))
+    for p, g in zip(params, grads):
+        assert np.array_equal(np.asarray(g), tape.grad(p))

@@ -32,10 +32,10 @@ _TRI = {}   # (n, k) -> the boolean mask of entries strictly above diagonal k (n
 
 def lapack(dtype):
     """The ``Lapack`` caller for ``dtype`` (built once; the table itself is ``runner.lapack_pointers``)."""
-    key = np.dtype(dtype).name
-    if key not in _TABLES:
-        _TABLES[key] = Lapack(key)
-    return _TABLES[key]
+    la = _TABLES.get(dtype)
+    if la is None:
+        la = _TABLES[dtype] = Lapack(np.dtype(dtype).name)
+    return la
 
 
 class Lapack:

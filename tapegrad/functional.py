@@ -863,4 +863,121 @@ def avg_pool(x, window, strides=None, padding="VALID", layout=None):
 
 
 # ── linear algebra (ops_linalg) ─────────────────────────────────────────────
-# (functions and Var methods of this family go here)
+
+def cholesky(a):
+    """The lower Cholesky factor L of a symmetric positive definite matrix: L·Lᵀ = (a + aᵀ)/2.
+
+    ``a`` is (…, n, n); leading axes are a batch. The input is symmetrised first, as
+    ``jax.numpy.linalg.cholesky`` does, so the gradient is symmetric and matches ``jax.grad``'s. LAPACK
+    ``potrf``; a matrix that is not positive definite raises ``tapegrad.DomainError`` (tape unchanged).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[4.0, 2.0], [2.0, 5.0]]))
+    >>> tape.value(tg.cholesky(a))
+    array([[2., 0.],
+           [1., 2.]])
+    """
+    tape = _tape(a)
+    return tape.apply(O.OPS["cholesky"], _var(a, tape))
+
+
+def triangular_solve(a, b, left_side=True, lower=True, transpose_a=False, unit_diagonal=False):
+    """x with op(a)·x = b (``left_side``) or x·op(a) = b, a triangular; op(a) = aᵀ when ``transpose_a``.
+
+    The flags are ``jax.lax.linalg.triangular_solve``'s, with the same meaning; the defaults differ
+    (here the left-side lower solve, as ``scipy.linalg.solve_triangular(lower=True)``). Only the
+    ``lower`` (else upper) triangle of ``a`` is read, and not its diagonal when ``unit_diagonal``; the
+    gradient of ``a`` is zero elsewhere. ``a`` is (…, k, k), ``b`` (…, k, n) on the left or (…, m, k)
+    on the right, with equal batch axes. BLAS ``trsm``; a zero on the diagonal gives inf/NaN, as in
+    BLAS and JAX.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[2.0, 0.0], [1.0, 4.0]]))
+    >>> tape.value(tg.triangular_solve(a, np.array([[2.0], [9.0]])))
+    array([[1.],
+           [2.]])
+    >>> tape.value(tg.triangular_solve(a, np.array([[4.0, 8.0]]), left_side=False))
+    array([[1., 2.]])
+    """
+    tape = _tape(a, b)
+    s = (bool(left_side), bool(lower), bool(transpose_a), bool(unit_diagonal))
+    return tape.apply(O.OPS["triangular_solve"], _var(a, tape), _var(b, tape), s)
+
+
+def solve(a, b):
+    """x with a·x = b for a square ``a`` (…, n, n): LU with partial pivoting (LAPACK ``getrf`` + ``getrs``).
+
+    ``b`` is (…, n, k) with a's batch axes, or a vector (n,) when ``a`` is one matrix (NumPy 2's rule).
+    An exactly singular ``a`` raises ``tapegrad.DomainError`` (tape unchanged).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[1.0, 2.0], [3.0, 4.0]]))
+    >>> x = tg.solve(a, np.array([5.0, 6.0]))
+    >>> tape.value(x)
+    array([-4. ,  4.5])
+    >>> tape.backward(x.sum()); tape.grad(a)           # −a⁻ᵀ·1·xᵀ
+    True
+    array([[-2.  ,  2.25],
+           [ 2.  , -2.25]])
+    """
+    tape = _tape(a, b)
+    a, b = _var(a, tape), _var(b, tape)
+    if a.id < 0 or b.id < 0:
+        return a if a.id < 0 else b
+    if b.ndim == 1 and a.ndim == 2:
+        x = tape.apply(O.OPS["solve"], a, reshape(b, b.shape[0], 1))
+        return x if x.id < 0 else reshape(x, b.shape[0])
+    return tape.apply(O.OPS["solve"], a, b)
+
+
+def logdet(a):
+    """log det of a symmetric positive definite matrix, 2·Σ log diag L with L = cholesky(a).
+
+    ``a`` is (…, n, n) (read as (a + aᵀ)/2, like ``cholesky``); the result has the batch shape. The
+    gradient is g·a⁻¹ (LAPACK ``potri``). A matrix that is not positive definite raises
+    ``tapegrad.DomainError``; ``slogdet`` takes general matrices (LU).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> m = np.array([[2.0, 1.0], [1.0, 2.0]])
+    >>> a = tape.param(m)
+    >>> d = tg.logdet(a)
+    >>> float(tape.value(d)), float(np.log(3.0))
+    (1.0986122886681096, 1.0986122886681098)
+    >>> tape.backward(d); np.allclose(tape.grad(a), np.linalg.inv(m), rtol=1e-15)
+    True
+    True
+    """
+    tape = _tape(a)
+    return tape.apply(O.OPS["logdet"], _var(a, tape))
+
+
+def slogdet(a):
+    """(sign, log|det a|) of a general square matrix, as ``numpy.linalg.slogdet``: two Vars.
+
+    Both come from the LU factors (LAPACK ``getrf``): the sign is Π sign(Uᵢᵢ) times −1 per row
+    interchange (it has no gradient), the log Σ log|Uᵢᵢ|, whose gradient is g·a⁻ᵀ. An exactly singular
+    matrix gives sign 0 and log −inf (and no finite gradient), as NumPy. For a symmetric positive
+    definite matrix ``logdet`` (Cholesky, half the work) is the faster way to the same number.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[0.0, 2.0], [4.0, 1.0]]))
+    >>> sign, ld = tg.slogdet(a)
+    >>> float(tape.value(sign)), float(tape.value(ld)) == float(np.log(8.0))
+    (-1.0, True)
+    >>> tape.backward(ld); tape.grad(a)          # a⁻ᵀ
+    True
+    array([[-0.125,  0.5  ],
+           [ 0.25 ,  0.   ]])
+    """
+    tape = _tape(a)
+    a = _var(a, tape)
+    return tape.apply(O.OPS["det_sign"], a), tape.apply(O.OPS["logabsdet"], a)
+
+
+for _f in (cholesky, logdet):
+    setattr(Var, _f.__name__, _f)

@@ -363,8 +363,13 @@ def _shape_like(p, leaves, grads):
 def _unsupported_message(found):
     parts = []
     for name in sorted(found):
-        gone = found[name]
-        parts.append(f"{name} (needs tg.{', tg.'.join(gone)}, which this tapegrad lacks)" if gone else name)
+        why = found[name]
+        if isinstance(why, list) and why:
+            parts.append(f"{name} (needs tg.{', tg.'.join(why)}, which this tapegrad lacks)")
+        elif isinstance(why, str):
+            parts.append(f"{name} ({why})")
+        else:
+            parts.append(name)
     return (f"check_grads: cannot replay {sorted(found)} on a tape (applied to values that depend on the "
             f"differentiated arguments): {'; '.join(parts)}. Everything computed from constants, integers or keys "
             f"only is evaluated by JAX; interop.oracle.primitive_table() lists what replays")

@@ -18,7 +18,7 @@ from tapegrad import ops as O
 from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
-from .oracle_replay import CONTROL, cond_rule, scan_rule, while_rule
+from .oracle_replay import CONTROL, NotReplayable, cond_rule, linear_solve_rule, scan_rule, while_rule
 
 
 class UnsupportedPrimitiveError(TapeError, NotImplementedError):
@@ -486,13 +486,86 @@ def _dot_general(r, xs, eqn):
     return _reshape(r, out, _out_shape(eqn))
 
 
-# ── control flow (oracle_replay) ─────────────────────────────────────────────
+@rule("conv_general_dilated", doc="`tg.conv` in NCHW/OIHW after `transpose` by the dimension numbers",
+      needs=("conv",))
+def _conv(r, xs, eqn):
+    p = eqn.params
+    if p.get("batch_group_count", 1) != 1:
+        raise NotReplayable("batch_group_count > 1")
+    lhs, rhs, out = p["dimension_numbers"]
+    x = _permute(r, r.var(xs[0]), lhs)
+    w = _permute(r, r.var(xs[1]), rhs)
+    y = tg.conv(x, w, stride=tuple(p["window_strides"]), padding=[tuple(q) for q in p["padding"]],
+                lhs_dilation=tuple(p["lhs_dilation"]), rhs_dilation=tuple(p["rhs_dilation"]),
+                groups=int(p["feature_group_count"]), layout="NCHW" if x.ndim == 4 else ("NCW", "NCDHW")[x.ndim == 5])
+    return _permute(r, y, np.argsort(out))
 
-CONTROL_RULES = {"scan": scan_rule, "while": while_rule, "cond": cond_rule}
+
+def _window(name):
+    def f(r, xs, eqn):
+        p = eqn.params
+        if any(d != 1 for d in tuple(p["base_dilation"]) + tuple(p["window_dilation"])):
+            raise NotReplayable("dilated windows")
+        return getattr(tg, name)(r.var(xs[0]), tuple(p["window_dimensions"]), tuple(p["window_strides"]),
+                                 [tuple(q) for q in p["padding"]])
+    return f
+
+
+rule("reduce_window_max", doc="`tg.max_pool` (first maximum of a window takes its gradient, as JAX)",
+     needs=("max_pool",))(_window("max_pool"))
+rule("reduce_window_sum", doc="`tg.sum_pool`", needs=("sum_pool",))(_window("sum_pool"))
+
+
+# ── linear algebra ───────────────────────────────────────────────────────────
+
+@rule("cholesky", doc="`tg.cholesky`", needs=("cholesky",))
+def _cholesky(r, xs, eqn):
+    return tg.cholesky(r.var(xs[0]))
+
+
+@rule("triangular_solve", doc="`tg.triangular_solve`", needs=("triangular_solve",))
+def _triangular_solve(r, xs, eqn):
+    p = eqn.params
+    return tg.triangular_solve(r.var(xs[0]), r.var(xs[1]), left_side=bool(p["left_side"]), lower=bool(p["lower"]),
+                               transpose_a=bool(p["transpose_a"]), unit_diagonal=bool(p["unit_diagonal"]))
+
+
+@rule("lu", doc="Doolittle elimination on the rows JAX's pivoting chose (`take`, `matmul`, `index`)",
+      needs=("take",))
+def _lu(r, xs, eqn):
+    a = r.var(xs[0])
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise NotReplayable(f"lu of shape {a.shape} (square 2-D only)")
+    n = a.shape[0]
+    s = tg.take(a, np.asarray(r.jout(2), np.int64), axis=0)       # the rows in pivot order: P·A = L·U
+    pieces, where = [], []
+    for k in range(n):
+        m = n - k
+        urow = r.tape.apply(O.slice, s, None, ((0, 1), (0, m)))
+        pieces.append(_reshape(r, urow, (m,)))
+        where += [k * n + j for j in range(k, n)]
+        if m == 1:
+            break
+        lcol = r.tape.apply(O.slice, s, None, ((1, m), (0, 1))) / _reshape(r, r.tape.apply(O.slice, s, None, ((0, 1), (0, 1))), ())
+        pieces.append(_reshape(r, lcol, (m - 1,)))
+        where += [i * n + k for i in range(k + 1, n)]
+        rest = r.tape.apply(O.slice, s, None, ((1, m), (1, m)))
+        s = rest - tg.matmul(lcol, r.tape.apply(O.slice, urow, None, ((0, 1), (1, m))))
+    flat = tg.concat(pieces, axis=0)
+    order = np.empty(n * n, np.int64)
+    order[np.asarray(where)] = np.arange(n * n)
+    return [_reshape(r, tg.take(flat, order, axis=0), (n, n)), None, None]
+
+
+# ── control flow and solves (oracle_replay) ──────────────────────────────────
+
+CONTROL_RULES = {"scan": scan_rule, "while": while_rule, "cond": cond_rule, "custom_linear_solve": linear_solve_rule}
 DOCS.update({"scan": "unrolled: the body replayed once per iteration (`reverse` honoured; ys stacked)",
              "while": "unrolled with the trip count JAX's own loop takes (`fori_loop`, `while_loop`)",
-             "cond": "the branch JAX takes (`cond`, `switch`)"})
-assert set(CONTROL_RULES) == set(CONTROL)
+             "cond": "the branch JAX takes (`cond`, `switch`)",
+             "custom_linear_solve": "`x₀ + solve(b − matvec(x₀))` at JAX's solution x₀: the value is x₀ and the "
+                                    "derivative A⁻¹(db − dA·x), both jaxprs replayed"})
+assert set(CONTROL) <= set(CONTROL_RULES)
 
 
 def primitive_table():

@@ -108,8 +108,8 @@ def optax_squared_error(a, b):
 
 
 @case(R(3, 4, positive=True), R(3, 4, seed=1, positive=True))
-def optax_convex_kl_divergence(p, q):
-    return optax.convex_kl_divergence(jnp.log(p), q).mean()
+def optax_generalized_kl_divergence(p, q):
+    return optax.generalized_kl_divergence(jnp.log(p), q).mean()
 
 
 # ── jax.nn ───────────────────────────────────────────────────────────────────

@@ -1,0 +1,26 @@
+"""The README's oracle section: its primitive table is the rules', its example runs and says what it shows."""
+import pathlib
+import re
+
+import pytest
+
+oracle_rules = pytest.importorskip("interop.oracle_rules")
+
+README = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+SECTION = README[README.index("## The gradient oracle"):README.index("## What the tape promises")]
+
+
+def test_primitive_table_is_generated_from_the_rules():
+    table = re.search(r"<!-- oracle:begin -->\n(.*?)\n<!-- oracle:end -->", README, re.S).group(1)
+    assert table == oracle_rules.primitive_table(), "run: python experiments/readme_ops.py"
+
+
+def test_the_oracle_example_runs_and_prints_what_the_readme_shows():
+    code = re.search(r"```python\n(.*?)```", SECTION, re.S).group(1)
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    shown = re.findall(r"```\n(check_grads:.*?)```", SECTION, re.S)
+    assert str(scope["report"]).strip() == shown[0].strip()
+    assert (str(scope["kinked"]) + "\n" + str(scope["mixed"])).strip() == shown[1].strip()
+    assert scope["report"].verdict == "agree" and scope["kinked"].verdict == "kink"
+    assert scope["mixed"].precision.dtype == "float32" and scope["report"].aux["logits"].shape == (5, 3)

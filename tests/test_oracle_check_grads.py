@@ -186,6 +186,20 @@ def test_ok_requires_the_values_to_agree():
     lying.defjvp(lambda p, t: (p[0] * 2.0 + 1.0, t[0] * 2.0))   # the rule's primal output differs from the body
     r = interop.check_grads(lambda x: jnp.sum(lying(x)), jnp.ones(3))
     assert not r.ok and abs(r.value - r.jax_value) > 1
+    assert "another primal output than its body" in str(r)
+
+
+def test_keys_as_arguments_and_multi_result_primitives():
+    def f(x, key):
+        a, b = lax.optimization_barrier((x * 2.0, jnp.tanh(x)))
+        keys = jax.random.split(key, 3)
+        noise = jax.vmap(lambda k: jax.random.normal(k, (2,)))(keys)
+        return jnp.sum(a * b) + jnp.sum(noise * x[:2])
+    x = jnp.asarray(RNG.standard_normal(4))
+    r = interop.check_grads(f, x, jax.random.key(0), argnums=0)
+    assert r.ok and r.grads.shape == (4,), str(r)
+    r = interop.check_grads(f, x, jax.random.PRNGKey(0))            # raw uint32 keys are data too
+    assert r.ok and r.grads[1] is None
 
 
 def test_relu_at_exact_zero_is_a_kink_with_both_conventions():

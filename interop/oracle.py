@@ -4,13 +4,15 @@
 step that depends on the differentiated arguments on a tape (``oracle_replay``, ``oracle_rules``),
 runs tapegrad's reverse sweep and compares it with ``jax.value_and_grad`` of the same jaxpr. Both
 are exact reverse-mode sweeps in float64, so they differ only where XLA and NumPy round or sum in
-another order: the default bound is ``rtol=1e-12`` normwise per leaf, ``max|Δ| <= rtol·max|jax.grad|`` (or over the whole gradient, for
-a leaf whose gradient is at rounding level next to the others).
+another order: the default bound is ``rtol=1e-12`` normwise per leaf, ``max|Δ| <= rtol·max|jax.grad|``
+(or over the whole gradient, for a leaf whose gradient is at rounding level next to the others).
+JAX's side is one compiled call computing its value, its gradients and the few step values the
+replay reads (constants, loop operands, index maps).
 
 Calls (``jit``, ``checkpoint``, ``custom_jvp``/``custom_vjp``, …) are replayed by their primal body,
 so a hand-written rule is checked against the derivative of what it claims to differentiate. When
 the two disagree, the report locates the first step where they part: by forward value (every step
-is compared with JAX's value of it), else by a local VJP check of each equation with a random
+is then compared with JAX's value of it), else by a local VJP check of each equation with a random
 cotangent, descending into calls, loop iterations and branches. Differences that vanish when the
 equation's inputs are nudged off an exact non-differentiable point (a relu at 0, tied maxima) are
 kinks, listed with what each side's rule gives there; a float32/bfloat16 step on a differentiable
@@ -28,8 +30,8 @@ import tapegrad as tg
 from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
-from .oracle_replay import (CONTROL, JEnv, compiled, Literal, Plan, Replay, bind, diff, is_float, is_key, loop_envs, lowp_bound,
-                            summary)
+from .oracle_replay import (CONTROL, JEnv, Literal, Plan, Replay, bind, compiled, diff, is_float, is_key, loop_envs,
+                            lowp_bound, summary)
 from .oracle_rules import UnsupportedPrimitiveError, primitive_table
 
 __all__ = ["check_grads", "assert_grads", "GradReport", "Divergence", "Kink", "Precision",
@@ -135,6 +137,7 @@ class GradReport:
 # ── preparing f: trace once per (f, argument types), compile JAX's side once ───────────────────
 
 _PREP = {}
+FULL_EVALUATIONS = [0]   # how often JAX's value of every step was needed (only to locate a divergence)
 
 
 class _Prepared:
@@ -278,6 +281,7 @@ def _check(f, args, argnums, has_aux, rtol, seed):
     def full_env():
         """JAX's value of every step (compiled only when a divergence must be located)."""
         if not full:
+            FULL_EVALUATIONS[0] += 1
             full.append(p.plan.values(leaves))
         return full[0]
 
@@ -426,11 +430,9 @@ def _local(plan, jenv, u, rtol, rng, ins=None, ct=None):
     first = {s: fl[[u.ins[i] for i in fl].index(s)] for s in slots}
     tenv = {s: tape.param(np.asarray(jin[first[s]], np.float64)) for s in slots}
     params = dict(tenv)
-    if u.children is None and eqn.primitive.name not in CONTROL:
-        r.run(plan, tenv, jenv, u.start, u.end) if ins is None else _run_single(r, eqn, u, tenv, jin)
-    elif ins is None:
+    if ins is None:
         r.run(plan, tenv, jenv, u.start, u.end)
-    else:
+    else:   # the equation alone at other inputs, JAX's intermediate values recomputed there
         _run_sub(r, eqn, u, tenv, jin)
     loss = None
     for c, j in zip(ct, fo):
@@ -446,11 +448,14 @@ def _local(plan, jenv, u, rtol, rng, ins=None, ct=None):
     j_grads = {s: np.zeros(np.shape(jin[first[s]])) for s in slots}
     for i, g in zip(fl, jg):
         j_grads[u.ins[i]] = j_grads[u.ins[i]] + np.asarray(g, np.float64)
+    bound = lowp_bound(float(jnp.finfo(r.lowp[0]).eps), rtol) if r.lowp else rtol
+    whole = max(float(np.abs(np.where(np.isfinite(g), g, 0.0)).max(initial=0.0)) for g in j_grads.values())
     worst = (0.0, 0.0)
     for s in slots:
-        worst = max(worst, diff(tg_grads[s], j_grads[s]), key=lambda d: d[1])
-    bound = lowp_bound(float(jnp.finfo(r.lowp[0]).eps), rtol) if r.lowp else rtol
-    if worst[1] <= bound:
+        a, rel = diff(tg_grads[s], j_grads[s])
+        if rel > bound and a > bound * whole:   # the same whole-gradient floor as the global comparison
+            worst = max(worst, (a, rel), key=lambda d: d[1])
+    if worst == (0.0, 0.0):
         return None
     return worst + (r, tg_grads, j_grads, jin, ct)
 
@@ -485,8 +490,6 @@ def _run_sub(r, eqn, u, tenv, jin):
         if o is not None and not isinstance(s, Literal):
             tenv[s] = o
 
-
-_run_single = _run_sub
 
 
 def _nudged(u, jin, rng):

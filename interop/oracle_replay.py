@@ -428,6 +428,7 @@ class Replay:
         prec = {} if prec is None else prec
         steps = plan.steps
         hi = len(steps) if hi is None else hi
+        from .oracle_rules import CONSTANT, CONTROL_RULES, RULES, missing
         for k in range(lo, hi):
             st = steps[k]
             xs = [None if isinstance(s, Literal) else tenv.get(s) for s in st.ins]
@@ -435,7 +436,6 @@ class Replay:
                 continue
             eqn = st.eqn
             name = eqn.primitive.name
-            from .oracle_rules import CONSTANT, CONTROL_RULES, RULES, missing
             if name in CONSTANT or all(is_data(v.aval) for v in eqn.outvars):
                 continue
             if top:

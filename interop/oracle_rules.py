@@ -55,7 +55,7 @@ CONSTANT = frozenset({"sign", "floor", "ceil", "round", "stop_gradient", "nextaf
 
 # Rules that read JAX's values of their own operands or results (the replay keeps those for them),
 # and rules whose results follow their operands one by one (an untainted operand stays untainted).
-VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort"})
+VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort", "lu", "custom_linear_solve"})
 PER_OPERAND = frozenset({"optimization_barrier", "sort"})
 
 
@@ -253,7 +253,10 @@ def _clamp(r, xs, eqn):
 
 def _bcast(r, v, shape):
     v = r.var(v)
-    return v if tuple(v.shape) == shape else r.tape.apply(O.broadcast_to, _reshape(r, v, (1,) * (len(shape) - v.ndim) + tuple(v.shape)), None, shape)
+    if tuple(v.shape) == shape:
+        return v
+    v = _reshape(r, v, (1,) * (len(shape) - v.ndim) + tuple(v.shape))
+    return r.tape.apply(O.broadcast_to, v, None, shape)
 
 
 def _identity(r, xs, eqn):
@@ -304,7 +307,8 @@ def _slice(r, xs, eqn):
     if all(s == 1 for s in strides):
         s = tuple((int(lo), int(hi)) for lo, hi in zip(p["start_indices"], p["limit_indices"]))
         return r.tape.apply(O.slice, x, None, s)
-    return x[tuple(slice(int(lo), int(hi), int(st)) for lo, hi, st in zip(p["start_indices"], p["limit_indices"], strides))]
+    bounds = zip(p["start_indices"], p["limit_indices"], strides)
+    return x[tuple(slice(int(lo), int(hi), int(st)) for lo, hi, st in bounds)]
 
 
 @rule("concatenate", doc="`concat`")
@@ -598,7 +602,8 @@ def _lu(r, xs, eqn):
         where += [k * n + j for j in range(k, n)]
         if m == 1:
             break
-        lcol = r.tape.apply(O.slice, s, None, ((1, m), (0, 1))) / _reshape(r, r.tape.apply(O.slice, s, None, ((0, 1), (0, 1))), ())
+        pivot = _reshape(r, r.tape.apply(O.slice, s, None, ((0, 1), (0, 1))), ())
+        lcol = r.tape.apply(O.slice, s, None, ((1, m), (0, 1))) / pivot
         pieces.append(_reshape(r, lcol, (m - 1,)))
         where += [i * n + k for i in range(k + 1, n)]
         rest = r.tape.apply(O.slice, s, None, ((1, m), (1, m)))
@@ -633,5 +638,6 @@ def primitive_table():
                 "a constant on the tape |")
     rows.append("| anything whose results are integers, booleans or keys | JAX's value, a constant on the tape |")
     if waiting:
-        rows.append(f"| {', '.join(f'`{n}`' for n in waiting)} | not yet: the tapegrad functions they need are missing |")
+        names = ", ".join(f"`{n}`" for n in waiting)
+        rows.append(f"| {names} | not yet: the tapegrad functions they need are missing |")
     return "\n".join(rows)

@@ -55,7 +55,7 @@ CONSTANT = frozenset({"sign", "floor", "ceil", "round", "stop_gradient", "nextaf
 
 # Rules that read JAX's values of their own operands or results (the replay keeps those for them),
 # and rules whose results follow their operands one by one (an untainted operand stays untainted).
-VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort", "lu", "custom_linear_solve"})
+VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort", "lu", "custom_linear_solve", "pow"})
 PER_OPERAND = frozenset({"optimization_barrier", "sort"})
 
 
@@ -213,12 +213,14 @@ def _integer_pow(r, xs, eqn):
     return r.tape.apply(O.pow, x, None, float(y))
 
 
-@rule("pow", doc="`pow` for a constant scalar exponent, else `exp(b · log a)`")
+@rule("pow", doc="`pow` for a constant scalar exponent, else `sign · exp(b · log|a|)` (the sign a constant)")
 def _pow(r, xs, eqn):
     a, b = xs
     if not isinstance(b, tg.Var) and np.ndim(b) == 0 and isinstance(a, tg.Var):
         return r.tape.apply(O.pow, a, None, float(b))
-    return r.tape.apply(O.exp, r.var(b) * r.tape.apply(O.log, r.var(a)))
+    out = r.tape.apply(O.exp, r.var(b) * r.tape.apply(O.log, r.tape.apply(O.abs, r.var(a))))
+    sign = np.sign(r.jout())                   # a negative base only has a real power at integer exponents
+    return out if np.all(sign >= 0) else out * r.var(sign)
 
 
 @rule("rem", doc="`a − b · trunc(a / b)` (the quotient a constant, as JAX's rule)")

@@ -285,3 +285,24 @@ def test_interop_changes_no_jax_config_and_float64_programs_ask_for_x64():
     env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-c", _X64_OFF], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_a_forward_value_divergence_is_located_at_its_first_equation(monkeypatch):
+    # A replay rule gone wrong (here: a NaN where JAX has a value) must be found where it first appears.
+    from interop import oracle_rules
+    good = oracle_rules.RULES["tanh"]
+
+    def leaky(r, xs, eqn):
+        y = good(r, xs, eqn)
+        return y * r.var(np.where(r.value(xs[0]) < 0, np.nan, 1.0))
+    monkeypatch.setitem(oracle_rules.RULES, "tanh", leaky)
+    r = interop.check_grads(lambda x: jnp.sum(jnp.exp(jnp.tanh(x * 2.0)) * 3.0), jnp.array([0.5, -1.0]))
+    assert not r.ok and np.isnan(r.value)
+    d = r.first_divergence
+    assert d.kind == "value" and d.index == 1 and "tanh" in d.eqn and d.max_rel == np.inf
+
+
+def test_pow_with_array_exponents_and_a_negative_base():
+    x, y = jnp.array([-1.5, 2.0, 0.7]), jnp.array([2.0, 1.5, -0.5])
+    r = interop.check_grads(lambda x, y: jnp.sum(x ** jnp.array([2.0, 3.0, 1.0]) + jnp.abs(x) ** y), x, y)
+    assert r.ok and max(r.max_rel) <= 1e-12, str(r)

@@ -594,6 +594,25 @@ def model_implicit_fixed_point_while_loop(a, x0):
     return jnp.sum(_fixed_point(a, x0) ** 2)
 
 
+@case(R(3, 4, seed=42))
+def model_nested_scan_cond_dropout_per_step(x):
+    keys = jax.random.split(jax.random.key(0), 3)
+
+    def step(c, kx):
+        k, row = kx
+        keep = jax.random.bernoulli(k, 0.5, row.shape)
+        inner = lax.scan(lambda a, b: (a * jnp.tanh(b), a), c, jnp.stack([row, row * 2]))[0]
+        c = lax.cond(jnp.sum(row) > 0, lambda v: v * 2.0, lambda v: jnp.sin(v), inner)
+        return jnp.where(keep, c, c * 0.5), c.sum()
+    c, ys = lax.scan(step, jnp.ones(4), (keys, x))
+    return jnp.sum(c) + jnp.sum(ys ** 2)
+
+
+@case(R(3, 4, seed=43))
+def model_fori_loop_dynamic_index(x):
+    return lax.fori_loop(0, 3, lambda i, c: c + jnp.tanh(c * x[i]), x[0]).sum()
+
+
 # ── the run ──────────────────────────────────────────────────────────────────
 
 @pytest.mark.parametrize("name,f,args,kw,verdict,lowp", CORPUS, ids=[c[0] for c in CORPUS])

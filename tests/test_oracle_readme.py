@@ -24,3 +24,8 @@ def test_the_oracle_example_runs_and_prints_what_the_readme_shows():
     assert (str(scope["kinked"]) + "\n" + str(scope["mixed"])).strip() == shown[1].strip()
     assert scope["report"].verdict == "agree" and scope["kinked"].verdict == "kink"
     assert scope["mixed"].precision.dtype == "float32" and scope["report"].aux["logits"].shape == (5, 3)
+
+
+def test_the_corpus_size_the_readme_states():
+    import test_oracle_corpus as corpus
+    assert f"runs {len(corpus.CORPUS)} real functions" in SECTION

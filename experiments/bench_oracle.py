@@ -8,7 +8,8 @@ For every corpus entry (tests/test_oracle_corpus.py), measured back to back in o
   jax.grad      ``jax.jit(jax.grad(f, argnums))``: cold (compile + run) s, warm ms
   FD check      ``jax.test_util.check_grads(g, args, order=1, modes=["rev"], atol=rtol=1e-3)``: cold s, and
                 whether it passes
-  errors        the oracle's max relative gradient difference from jax.grad, and the relative error
+  errors        the oracle's gradient error against jax.grad (``GradReport.error``: normwise per leaf, or
+                over the whole gradient for a leaf at rounding level), and the relative error
                 of the central difference (JAX's default eps 1e-4) along a random direction against
                 ⟨jax.grad, v⟩ — the resolution a finite-difference check has.
 Run: ``.venv/bin/python experiments/bench_oracle.py`` (prints a Markdown table; a few minutes).
@@ -105,7 +106,7 @@ def main():
             t_fd = time.perf_counter() - t0
             err_fd = fd_error(g, dargs, grads, rng)
         rows.append((name, t_cold, statistics.median(warm) * 1e3, t_jcold, statistics.median(jwarm) * 1e3, t_fd,
-                     max(rep.max_rel), rep.verdict + (" (f32)" if rep.precision else ""), err_fd, fd_verdict))
+                     rep.error, rep.verdict + (" (f32)" if rep.precision else ""), err_fd, fd_verdict))
         print(f"{name}: {t_cold:.2f}s", file=sys.stderr)
     print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; jax {jax.__version__}\n")
     print("| function | oracle cold s | oracle warm ms | jax.jit(grad) cold s | jax.grad warm ms | FD check_grads s "

@@ -115,6 +115,7 @@ class GradReport:
     notes: list = field(default_factory=list)
     verdict: str = "agree"
     bound: float = 0.0
+    error: float = 0.0   # the gradients' difference held to ``bound``: max over leaves of min(rel, |Δ|/max|whole|)
     precision: Optional[Precision] = None
     kinks: list = field(default_factory=list)
     leaves: tuple = ()
@@ -122,8 +123,8 @@ class GradReport:
 
     def __str__(self):
         word = {"agree": "ok", "kink": "ok (differences only at kinks)", "mismatch": "MISMATCH"}[self.verdict]
-        head = (f"check_grads: {word} (bound {self.bound:g}, {self.n_eqns} equations replayed; "
-                f"value {self.value:.17g} vs jax {self.jax_value:.17g})")
+        head = (f"check_grads: {word} (gradient error {self.error:.2g}, bound {self.bound:.2g}; {self.n_eqns} "
+                f"equations replayed; value {self.value:.17g} vs jax {self.jax_value:.17g})")
         rows = [f"  {n}: max|Δ|={a:.3g} rel={r:.3g}" for n, a, r in zip(self.leaves, self.max_abs, self.max_rel)]
         if self.precision:
             rows.append(f"  precision: {self.precision}")
@@ -306,12 +307,13 @@ def _check(f, args, argnums, has_aux, rtol, seed):
     # Normwise per leaf; a leaf whose gradient is at rounding level next to the others (a bias whose
     # terms cancel) is held to the bound normwise over the whole gradient instead.
     whole = max([float(np.abs(np.where(np.isfinite(g), g, 0.0)).max(initial=0.0)) for g in jgrads] + [0.0])
-    grads_ok = all(rel <= bound or a <= bound * whole for a, rel in diffs)
+    error = max([min(rel, a / whole if whole else (0.0 if a == 0 else np.inf)) for a, rel in diffs] + [0.0])
+    grads_ok = error <= bound
     value_ok = vdiff[1] <= bound
     report = GradReport(ok=grads_ok and value_ok, grads=_shape_like(p, leaves, grads),
                         jax_grads=_shape_like(p, leaves, jgrads), value=value, jax_value=float(jvalue),
                         max_abs=tuple(a for a, _ in diffs), max_rel=tuple(x for _, x in diffs), rtol=rtol,
-                        n_eqns=r.index, bound=bound, precision=precision,
+                        n_eqns=r.index, bound=bound, error=error, precision=precision,
                         leaves=tuple(p.names[i] for i in p.diff),
                         aux=jax.tree.unflatten(p.aux_tree, list(jaux)) if has_aux else None)
     if any(getattr(x, "dtype", None) == np.float32 for x in jax.tree.leaves(args)):

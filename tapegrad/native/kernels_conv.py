@@ -14,6 +14,8 @@ sum, which alone took 160 at the first layer's output size) at the benchmark CNN
 im2col + GEMM program 441. The GEMM wins 3x once channels grow and ties at one input channel, and it is
 the path that reproduces NumPy's bits, so it is the only one kept.
 """
+import math
+
 from ..errors import TapeError, at
 from ..ops_conv import geometry, pool_geometry
 from . import kernels
@@ -172,6 +174,9 @@ def pool_da(n):
     head = f"{{ static const long cv[] = {_arr(cv)}; static const long tb[] = {_arr(tab)}; "
     if n.name == "sum_pool":
         return [head + f"tg_pool(3, cv, tb, {n.A}, {n.dst}, 0, {n.G}); }}"], False
+    if str(n.em.p.dtype) == "float32" and math.prod(n.ash) > 2 ** 24:
+        raise TapeError(f"{at(n.name, n.k)}: a float32 program keeps max pooling's argmax indices in float32, "
+                        f"exact up to 2**24 elements; got {math.prod(n.ash)}; capture in float64")
     win, st, _ = n.s
     mode = 5 if all(t >= w for w, t in zip(win, st)) else 4
     return [head + f"tg_pool(2, cv, tb, {n.A}, {n.V}, S1, 0); tg_pool({mode}, cv, tb, {n.A}, {n.dst}, S1, {n.G}); }}"], \

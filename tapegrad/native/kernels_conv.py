@@ -2,7 +2,7 @@
 
 Each printer makes the BLAS calls of its NumPy rule in ``tapegrad.ops_conv`` (same shapes, same
 transposition flags, contiguous operands) and replaces the data movement around them by the runtime's
-``tg_im2col``/``tg_col2im``/``tg_pool`` (runtime_conv.c) and ``tg_gather`` copies. So on the BLAS
+``tg_im2col``/``tg_col2im``/``tg_pool``/``tg_swap01`` (runtime_conv.c). So on the BLAS
 NumPy itself calls, a conv replays the tape to the bit whenever NumPy takes its GEMM path (every GEMM
 dimension > 1); the registry's "blas" tier bounds the rest.
 
@@ -63,6 +63,11 @@ def _call(fn, cv, tab, args):
             f"{fn}(cv, tb, {args}); }}"]
 
 
+def _swap(dst, src, x, y, p):
+    """dst (x, y, p) = src (y, x, p) with its first two axes swapped (blocks of p contiguous elements)."""
+    return [f"tg_swap01({dst}, {src}, {x}L, {y}L, {p}L);"]
+
+
 def _mm(ta, tb, m, n, k, A, B, C):
     return f"tg_mm((tg_gemm_t)T[0], {ta}, {tb}, {m}, {n}, {k}, {A}, {B}, {C});"
 
@@ -85,17 +90,17 @@ def _regroup_g(n, geo, dst):
     """The cotangent as the GEMMs read it (``ops_conv._gfirst``): returns (lines, buffer)."""
     npn = geo.n * geo.p
     if not geo.last:
-        return n.em.gather(dst, n.G, (geo.o, geo.n, geo.p), (geo.p, geo.o * geo.p, 1)), dst
+        return _swap(dst, n.G, geo.o, geo.n, geo.p), dst
     if geo.g == 1:
         return [], n.G
-    return n.em.gather(dst, n.G, (geo.g, npn, geo.og), (geo.og, geo.o, 1)), dst
+    return _swap(dst, n.G, geo.g, npn, geo.og), dst
 
 
 def _regroup_w(n, geo, dst):
     """The HWIO kernel as (G, K·Cg, Og) (``ops_conv._wgroups``, channels last with groups)."""
     if geo.g == 1:
         return [], n.B
-    return n.em.gather(dst, n.B, (geo.g, geo.kk * geo.cg, geo.og), (geo.og, geo.o, 1)), dst
+    return _swap(dst, n.B, geo.g, geo.kk * geo.cg, geo.og), dst
 
 
 def conv_fwd(n):
@@ -108,7 +113,7 @@ def conv_fwd(n):
         for j in range(geo.g):
             lines.append(_mm(0, 0, geo.og, npn, ck, _at(n.B, j * geo.og * ck), _at("S0", j * ck * npn),
                              _at("S1", j * geo.og * npn)))
-        return lines + n.em.gather(n.V, "S1", (geo.n, geo.o, geo.p), (geo.p, npn, 1))
+        return lines + _swap(n.V, "S1", geo.n, geo.o, geo.p)
     if geo.g == 1:
         return lines + [_mm(0, 0, npn, geo.o, ck, "S0", n.B, n.V)]
     wl, w = _regroup_w(n, geo, "S1")
@@ -116,7 +121,7 @@ def conv_fwd(n):
     for j in range(geo.g):
         lines.append(_mm(0, 0, npn, geo.og, ck, _at("S0", j * npn * ck), _at(w, j * ck * geo.og),
                          _at("S2", j * npn * geo.og)))
-    return lines + n.em.gather(n.V, "S2", (npn, geo.g, geo.og), (geo.og, npn * geo.og, 1))
+    return lines + _swap(n.V, "S2", npn, geo.g, geo.og)
 
 
 def conv_d(n):
@@ -156,7 +161,7 @@ def conv_d(n):
     for j in range(geo.g):
         lines.append(_mm(1, 0, ck, geo.og, npn, _at("S1", j * npn * ck), _at(gg, j * npn * geo.og),
                          _at(y, j * ck * geo.og)))
-    return lines + n.em.gather(n.dst, y, (ck, geo.g, geo.og), (geo.og, ck * geo.og, 1)), False
+    return lines + _swap(n.dst, y, ck, geo.g, geo.og), False
 
 
 def pool_fwd(n):

@@ -346,9 +346,156 @@ _install()
 # ── special functions (ops_special) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
+log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_sigmoid = (
+    _unary(O.OPS[n]) for n in ("log1p", "expm1", "erf", "erfc", "lgamma", "digamma", "sin", "cos", "tan", "asinh",
+                               "softplus", "log_sigmoid"))
+
+
+def atan2(a, b):
+    """The angle of the point (b, a) in (−π, π], elementwise and broadcasting, as ``numpy.arctan2(a, b)``.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> y, x = tape.param(np.array([1.0, -1.0])), tape.param(np.array([0.0, 0.0]))
+    >>> tape.value(tg.atan2(y, x)) / np.pi
+    array([ 0.5, -0.5])
+    """
+    return _binary(O.OPS["atan2"], None, a, b)
+
+
+for _f in (log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_sigmoid):
+    setattr(Var, _f.__name__, _f)
+
 
 # ── scans and reductions (ops_scan) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
+
+def _axis(opname, a, axis):
+    """One axis made non-negative, or the ShapeError that names it (checked here, not only by the shape
+    rule, so that 1.0 or True never reaches the registry as an axis)."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, (bool, np.bool_)):
+        return ShapeError(f"{at(opname, len(a.tape))}: axis must be an int, got {axis!r}")
+    if not -a.ndim <= axis < a.ndim:
+        return ShapeError(f"{at(opname, len(a.tape))}: axis {axis} is out of range for an input of shape "
+                          f"{a.shape} (ndim {a.ndim})")
+    return int(axis) % a.ndim
+
+
+def _scan(op):
+    def f(a, axis, reverse=False):
+        if a.id < 0:
+            return a
+        k = _axis(op.name, a, axis)
+        if isinstance(k, ShapeError):
+            return a.tape._fail(k)
+        if not isinstance(reverse, (bool, np.bool_)):
+            return a.tape._fail(ShapeError(f"{at(op.name, len(a.tape))}: reverse must be True or False, got "
+                                           f"{reverse!r}"))
+        return a.tape.apply(op, a, None, (k, bool(reverse)))
+    f.__name__ = op.name
+    return f
+
+
+cumsum, cumprod, cummax = (_scan(O.OPS[n]) for n in ("cumsum", "cumprod", "cummax"))
+cumsum.__doc__ = """Running sum along ``axis`` (from the end with ``reverse=True``, as ``lax.cumsum``).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([1.0, 2.0, 3.0]))
+    >>> tape.value(tg.cumsum(x, 0)), tape.value(tg.cumsum(x, 0, reverse=True))
+    (array([1., 3., 6.]), array([6., 5., 3.]))
+    """
+cumprod.__doc__ = """Running product along ``axis`` (``reverse`` as in ``cumsum``); its gradient needs no division,
+    so zeros in ``a`` are fine.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([2.0, 0.0, 3.0]))
+    >>> tape.backward(tg.cumprod(x, 0).sum()); tape.grad(x)
+    True
+    array([1., 8., 0.])
+    """
+cummax.__doc__ = """Running maximum along ``axis`` (``reverse`` as in ``cumsum``); inputs tied with a running max
+    share that output's gradient equally.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([1.0, 3.0, 2.0, 3.0]))
+    >>> y = tg.cummax(x, 0); tape.value(y)
+    array([1., 3., 3., 3.])
+    >>> tape.backward(y.sum()); tape.grad(x)
+    True
+    array([1. , 2.5, 0. , 0.5])
+    """
+
+
+def sort(a, axis=-1):
+    """Sort ascending along ``axis`` (stable; NaN last, as ``numpy.sort``). The gradient of each output goes
+    back to the input it came from, through the stable argsort: of tied inputs, the earlier one receives
+    the earlier output's gradient (as ``jax.grad`` of ``jnp.sort``).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([3.0, 1.0, 2.0]))
+    >>> y = tg.sort(x); tape.value(y)
+    array([1., 2., 3.])
+    >>> tape.backward((y * np.array([1.0, 10.0, 100.0])).sum()); tape.grad(x)
+    True
+    array([100.,   1.,  10.])
+    """
+    if a.id < 0:
+        return a
+    k = _axis("sort", a, axis)
+    return a.tape._fail(k) if isinstance(k, ShapeError) else a.tape.apply(O.OPS["sort"], a, None, k)
+
+
+min, prod, logsumexp = (_reduce(O.OPS[n]) for n in ("min", "prod", "logsumexp"))
+
+
+def _moment(name, a, axis, ddof, keepdims):
+    if a.id < 0:
+        return a, None
+    try:
+        s = _axes(name, a, axis, keepdims)
+    except ShapeError as e:
+        return a.tape._fail(e), None
+    n = O.count(a.shape, s)
+    if not isinstance(ddof, numbers.Integral) or isinstance(ddof, bool) or not 0 <= ddof < n:
+        return a.tape._fail(ShapeError(f"{at(name, len(a.tape))}: ddof must be an int in [0, {n}) for {n} "
+                                       f"reduced elements of shape {a.shape}, got {ddof!r}")), None
+    # jnp.var's order: mean (Σ/n, kept dims), centre, square, Σ, divide by n − ddof
+    c = square(sub(a, mean(a, axis, keepdims=True)))
+    return a.tape.apply(O.divs, sum(c, axis, keepdims), None, float(n - ddof)), True
+
+
+def var(a, axis=None, ddof=0, keepdims=False):
+    """Variance over ``axis`` (None = all) with ``ddof`` delta degrees of freedom: a composite of registry
+    ops computed in ``jnp.var``'s order — mean, centre, square, sum, divide by N − ddof — so it rounds as
+    JAX's does wherever their sums add in the same order. ``ddof >= N`` is an error (JAX returns NaN).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([1.0, 2.0, 3.0, 4.0]))
+    >>> float(tape.value(tg.var(x))), float(tape.value(tg.var(x, ddof=1)))
+    (1.25, 1.6666666666666667)
+    """
+    return _moment("var", a, axis, ddof, keepdims)[0]
+
+
+def std(a, axis=None, ddof=0, keepdims=False):
+    """Standard deviation: ``sqrt(var(a, axis, ddof, keepdims))``, as ``jnp.std``.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> float(tape.value(tg.std(tape.param(np.array([1.0, 3.0])))))
+    1.0
+    """
+    v, ok = _moment("std", a, axis, ddof, keepdims)
+    return sqrt(v) if ok else v
+
+
+for _f in (cumsum, cumprod, cummax, sort, min, prod, logsumexp, var, std):
+    setattr(Var, _f.__name__, _f)
 
 
 # ── selection and indexing (ops_index) ─────────────────────────────────────────────
@@ -716,4 +863,121 @@ def avg_pool(x, window, strides=None, padding="VALID", layout=None):
 
 
 # ── linear algebra (ops_linalg) ─────────────────────────────────────────────
-# (functions and Var methods of this family go here)
+
+def cholesky(a):
+    """The lower Cholesky factor L of a symmetric positive definite matrix: L·Lᵀ = (a + aᵀ)/2.
+
+    ``a`` is (…, n, n); leading axes are a batch. The input is symmetrised first, as
+    ``jax.numpy.linalg.cholesky`` does, so the gradient is symmetric and matches ``jax.grad``'s. LAPACK
+    ``potrf``; a matrix that is not positive definite raises ``tapegrad.DomainError`` (tape unchanged).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[4.0, 2.0], [2.0, 5.0]]))
+    >>> tape.value(tg.cholesky(a))
+    array([[2., 0.],
+           [1., 2.]])
+    """
+    tape = _tape(a)
+    return tape.apply(O.OPS["cholesky"], _var(a, tape))
+
+
+def triangular_solve(a, b, left_side=True, lower=True, transpose_a=False, unit_diagonal=False):
+    """x with op(a)·x = b (``left_side``) or x·op(a) = b, a triangular; op(a) = aᵀ when ``transpose_a``.
+
+    The flags are ``jax.lax.linalg.triangular_solve``'s, with the same meaning; the defaults differ
+    (here the left-side lower solve, as ``scipy.linalg.solve_triangular(lower=True)``). Only the
+    ``lower`` (else upper) triangle of ``a`` is read, and not its diagonal when ``unit_diagonal``; the
+    gradient of ``a`` is zero elsewhere. ``a`` is (…, k, k), ``b`` (…, k, n) on the left or (…, m, k)
+    on the right, with equal batch axes. BLAS ``trsm``; a zero on the diagonal gives inf/NaN, as in
+    BLAS and JAX.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[2.0, 0.0], [1.0, 4.0]]))
+    >>> tape.value(tg.triangular_solve(a, np.array([[2.0], [9.0]])))
+    array([[1.],
+           [2.]])
+    >>> tape.value(tg.triangular_solve(a, np.array([[4.0, 8.0]]), left_side=False))
+    array([[1., 2.]])
+    """
+    tape = _tape(a, b)
+    s = (bool(left_side), bool(lower), bool(transpose_a), bool(unit_diagonal))
+    return tape.apply(O.OPS["triangular_solve"], _var(a, tape), _var(b, tape), s)
+
+
+def solve(a, b):
+    """x with a·x = b for a square ``a`` (…, n, n): LU with partial pivoting (LAPACK ``getrf`` + ``getrs``).
+
+    ``b`` is (…, n, k) with a's batch axes, or a vector (n,) when ``a`` is one matrix (NumPy 2's rule).
+    An exactly singular ``a`` raises ``tapegrad.DomainError`` (tape unchanged).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[1.0, 2.0], [3.0, 4.0]]))
+    >>> x = tg.solve(a, np.array([5.0, 6.0]))
+    >>> tape.value(x)
+    array([-4. ,  4.5])
+    >>> tape.backward(x.sum()); tape.grad(a)           # −a⁻ᵀ·1·xᵀ
+    True
+    array([[-2.  ,  2.25],
+           [ 2.  , -2.25]])
+    """
+    tape = _tape(a, b)
+    a, b = _var(a, tape), _var(b, tape)
+    if a.id < 0 or b.id < 0:
+        return a if a.id < 0 else b
+    if b.ndim == 1 and a.ndim == 2:
+        x = tape.apply(O.OPS["solve"], a, reshape(b, b.shape[0], 1))
+        return x if x.id < 0 else reshape(x, b.shape[0])
+    return tape.apply(O.OPS["solve"], a, b)
+
+
+def logdet(a):
+    """log det of a symmetric positive definite matrix, 2·Σ log diag L with L = cholesky(a).
+
+    ``a`` is (…, n, n) (read as (a + aᵀ)/2, like ``cholesky``); the result has the batch shape. The
+    gradient is g·a⁻¹ (LAPACK ``potri``). A matrix that is not positive definite raises
+    ``tapegrad.DomainError``; ``slogdet`` takes general matrices (LU).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> m = np.array([[2.0, 1.0], [1.0, 2.0]])
+    >>> a = tape.param(m)
+    >>> d = tg.logdet(a)
+    >>> float(tape.value(d)), float(np.log(3.0))
+    (1.0986122886681096, 1.0986122886681098)
+    >>> tape.backward(d); np.allclose(tape.grad(a), np.linalg.inv(m), rtol=1e-15)
+    True
+    True
+    """
+    tape = _tape(a)
+    return tape.apply(O.OPS["logdet"], _var(a, tape))
+
+
+def slogdet(a):
+    """(sign, log|det a|) of a general square matrix, as ``numpy.linalg.slogdet``: two Vars.
+
+    Both come from the LU factors (LAPACK ``getrf``): the sign is Π sign(Uᵢᵢ) times −1 per row
+    interchange (it has no gradient), the log Σ log|Uᵢᵢ|, whose gradient is g·a⁻ᵀ. An exactly singular
+    matrix gives sign 0 and log −inf (and no finite gradient), as NumPy. For a symmetric positive
+    definite matrix ``logdet`` (Cholesky, half the work) is the faster way to the same number.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[0.0, 2.0], [4.0, 1.0]]))
+    >>> sign, ld = tg.slogdet(a)
+    >>> float(tape.value(sign)), float(tape.value(ld)) == float(np.log(8.0))
+    (-1.0, True)
+    >>> tape.backward(ld); tape.grad(a)          # a⁻ᵀ
+    True
+    array([[-0.125,  0.5  ],
+           [ 0.25 ,  0.   ]])
+    """
+    tape = _tape(a)
+    a = _var(a, tape)
+    return tape.apply(O.OPS["det_sign"], a), tape.apply(O.OPS["logabsdet"], a)
+
+
+for _f in (cholesky, logdet):
+    setattr(Var, _f.__name__, _f)

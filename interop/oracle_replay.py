@@ -4,7 +4,8 @@ and the walk that records the differentiable steps on a tapegrad tape.
 A ``Plan`` flattens a jaxpr: every call-like equation (one that carries a jaxpr taking and giving
 exactly its operands' and results' types: ``jit``, ``remat2``, ``closed_call``, ``custom_jvp_call``,
 ``custom_vjp_call``, …) is inlined by its primal body, so each value of the computation gets one slot.
-Its evaluator, compiled once, returns JAX's value of every slot. ``Replay`` then walks the steps:
+Its evaluator, compiled once, returns JAX's values of the slots the replay reads (``Plan.needed``;
+every slot when a divergence must be located). ``Replay`` then walks the steps:
 a step none of whose operands depends on the differentiated arguments is not replayed — its result
 is JAX's value, entering the tape as a constant when a later step needs it (random keys, integer
 arithmetic and masks never go through NumPy or the tape) — and every other step is recorded by its

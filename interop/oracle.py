@@ -30,8 +30,9 @@ import tapegrad as tg
 from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
-from .oracle_replay import (CONTROL, JEnv, Literal, Plan, Replay, bind, compiled, diff, is_float, is_key, loop_envs,
-                            lowp_bound, summary)
+from .oracle_loops import loop_envs
+from .oracle_replay import (CONTROL, JEnv, Literal, Plan, Replay, bind, compiled, diff, is_float, is_key, lowp_bound,
+                            summary)
 from .oracle_rules import UnsupportedPrimitiveError, primitive_table
 
 __all__ = ["check_grads", "assert_grads", "GradReport", "Divergence", "Kink", "Precision",

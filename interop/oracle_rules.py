@@ -18,7 +18,8 @@ from tapegrad import ops as O
 from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
-from .oracle_replay import CONTROL, NotReplayable, cond_rule, linear_solve_rule, scan_rule, while_rule
+from .oracle_loops import cond_rule, linear_solve_rule, scan_rule, while_rule
+from .oracle_replay import CONTROL, NotReplayable
 
 
 class UnsupportedPrimitiveError(TapeError, NotImplementedError):

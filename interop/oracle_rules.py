@@ -589,7 +589,7 @@ def _triangular_solve(r, xs, eqn):
                                transpose_a=bool(p["transpose_a"]), unit_diagonal=bool(p["unit_diagonal"]))
 
 
-@rule("lu", doc="Doolittle elimination on the rows JAX's pivoting chose (`take`, `matmul`, `index`)",
+@rule("lu", doc="Doolittle elimination (slices, outer products) on the rows in JAX's pivot order",
       needs=("take",))
 def _lu(r, xs, eqn):
     a = r.var(xs[0])

@@ -37,6 +37,7 @@ class Node(NamedTuple):
 
 
 _node = functools.partial(tuple.__new__, Node)  # C-speed Node construction on the hot path
+_DATA = O.data
 
 
 class NonFinite(NamedTuple):
@@ -232,23 +233,23 @@ class Tape:
         nodes = self._nodes
         try:
             na = nodes[a.id]
-            if a.tape is not self or na.epoch != a.epoch:
+            if a.tape is not self or na[5] != a.epoch:
                 raise LookupError
             if b is None:
                 nb = None
-                key = (op, na.shape, None, s)
+                key = (op, na[8], None, s)
             else:
                 nb = nodes[b.id]
-                if b.tape is not self or nb.epoch != b.epoch:
+                if b.tape is not self or nb[5] != b.epoch:
                     raise LookupError
-                key = (op, na.shape, nb.shape, s)
+                key = (op, na[8], nb[8], s)
         except (AttributeError, IndexError, LookupError):
             try:
                 self._index(a, op.name, "a")
                 self._index(b, op.name, "b")
             except TapeError as e:
                 return self._fail(e)
-        if na[0] is O.data or (nb is not None and nb[0] is O.data):
+        if na[0] is _DATA or (nb is not None and nb[0] is _DATA):
             return self._apply_data(op, a, b, s, c)
         memo = _SHAPES.get(key)
         if memo is None:
@@ -260,9 +261,9 @@ class Tape:
         shape = memo[0]
         ia = a.id
         if nb is None:
-            ib, req, lazy = -1, na.req, na.lazy
+            ib, req, lazy = -1, na[4], na[7]
         else:
-            ib, req, lazy = b.id, na.req or nb.req, na.lazy or nb.lazy
+            ib, req, lazy = b.id, na[4] or nb[4], na[7] or nb[7]
         if lazy:
             return self._append(op, ia, ib, s, None, shape, req, True, None, None)
         arena = self._vals

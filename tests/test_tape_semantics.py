@@ -223,3 +223,30 @@ def test_drop_consts_reports_the_bytes_it_frees():
     tape.const(np.ones(7))                          # lives in the episode arena: reused, not freed
     assert tape.drop_consts() == 3 * 8 + 4 * 8
     assert tape.drop_consts() == 0
+
+
+def test_new_nodes_are_untouched_until_a_backward_reaches_them():
+    tape = tg.Tape()
+    w = tape.param(np.ones(2))
+    assert not tape.touched(w)
+    tape.backward((w * 2.0).sum())
+    late = w * 5.0                                  # recorded after the pass
+    fresh = tape.param(np.ones(3))
+    assert tape.touched(w) and not tape.touched(late) and not tape.touched(fresh)
+    assert np.array_equal(tape.grad(late), [0.0, 0.0]) and np.array_equal(tape.grad(fresh), np.zeros(3))
+
+
+def test_episode_memory_comes_back_at_every_reset():
+    """reset_to hands the value arena back to where the mark left it, and an op's forward scratch is
+    returned right after the op: a long minibatch loop runs in constant memory."""
+    tape = tg.Tape()
+    w = tape.param(np.ones((4, 3)))
+    m = tape.mark()
+    at_mark = tape._vals.pos
+    for _ in range(3):
+        x = tape.const(np.full((2, 4), 0.5))
+        y = (x @ w).sigmoid()                       # sigmoid takes forward scratch
+        assert tape._tmp.pos == (0, 0)
+        tape.backward(y.sum())
+        tape.reset_to(m)
+        assert tape._vals.pos == at_mark

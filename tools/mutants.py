@@ -33,10 +33,10 @@ EQUIVALENT = os.path.join(ROOT, "tools", "mutants_equivalent.toml")
 # module -> (source file, test files that exercise it). mutmut runs, per mutant, only those of these
 # tests that call the mutated function, fastest first, stopping at the first failure.
 MODULES = {
-    "tape": ("tapegrad/tape.py", ["tests/test_tape.py", "tests/test_tape_sweep.py", "tests/test_capture_inputs.py",
-                                  "tests/test_optim.py"]),
-    "optim": ("tapegrad/optim.py", ["tests/test_optim.py", "tests/test_optim_continuity.py",
-                                    "tests/test_capture.py"]),
+    "tape": ("tapegrad/tape.py", ["tests/test_tape.py", "tests/test_tape_errors.py", "tests/test_tape_sweep.py",
+                                  "tests/test_capture_inputs.py", "tests/test_optim.py"]),
+    "optim": ("tapegrad/optim.py", ["tests/test_optim.py", "tests/test_optim_edges.py",
+                                    "tests/test_optim_continuity.py", "tests/test_capture.py"]),
     "capture": ("tapegrad/capture.py", ["tests/test_capture.py", "tests/test_capture_inputs.py",
                                         "tests/test_optim_continuity.py", "tests/test_tape_sweep.py"]),
     "checkpoint": ("tapegrad/checkpoint.py", ["tests/test_optim.py", "tests/test_checkpoint_atomic.py",
@@ -95,6 +95,8 @@ def run_module(name, jobs):
         rc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)], cwd=work, env=env,
                             stdout=log, stderr=subprocess.STDOUT).returncode
     seconds = time.time() - t0
+    with open(os.path.join(OUT, f"{name}.seconds"), "w") as f:
+        f.write(f"{seconds:.0f}\n")
     return collect(name, seconds, rc)
 
 
@@ -103,7 +105,8 @@ def mutant_diffs(work, src):
     path = os.path.join(work, "mutants", src)
     with open(path) as f:
         text = f.read()
-    funcs = {n.name: ast.get_source_segment(text, n) for n in ast.walk(ast.parse(text))
+    lines = text.splitlines()
+    funcs = {n.name: "\n".join(lines[n.lineno - 1:n.end_lineno]) for n in ast.walk(ast.parse(text))
              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and "__mutmut_" in n.name}
     prefix = src[:-3].replace("/", ".") + "."
     out = {}
@@ -162,6 +165,10 @@ def collect(name, seconds=None, rc=None):
     total = sum(counts.values()) - counts.get("equivalent", 0) - counts.get("not checked", 0) - counts.get("skipped", 0)
     res = {"module": name, "file": src, "counts": counts, "killed": killed, "total": total,
            "score": killed / total if total else None, "survivors": survivors, "equivalent": equivalent}
+    timing = os.path.join(OUT, f"{name}.seconds")
+    if seconds is None and os.path.exists(timing):
+        with open(timing) as f:
+            seconds = float(f.read())
     if seconds is not None:
         res["seconds"] = round(seconds)
     with open(os.path.join(OUT, f"{name}.json"), "w") as f:
@@ -213,6 +220,8 @@ def main():
     ap.add_argument("modules", nargs="*", help=f"some of {', '.join(MODULES)} (default: all)")
     ap.add_argument("--jobs", type=int, default=2, help="mutants run in parallel (default 2)")
     ap.add_argument("--report", action="store_true", help="only rebuild the report from earlier runs")
+    ap.add_argument("--collect", action="store_true", help="re-read finished mutmut runs (after editing the "
+                                                           "equivalents) without running mutants")
     args = ap.parse_args()
     bad = [m for m in args.modules if m not in MODULES]
     if bad:
@@ -220,12 +229,12 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     if not args.report:
         for name in args.modules or MODULES:
-            r = run_module(name, args.jobs)
+            r = collect(name) if args.collect else run_module(name, args.jobs)
             if "error" in r:
                 print(f"{name}: {r['error']}", flush=True)
             else:
                 print(f"{name}: {r['killed']} / {r['total']} killed ({100 * (r['score'] or 0):.1f}%), "
-                      f"{len(r['survivors'])} survivors, {len(r['equivalent'])} equivalent, {r['seconds']} s",
+                      f"{len(r['survivors'])} survivors, {len(r['equivalent'])} equivalent, {r.get('seconds')} s",
                       flush=True)
     text = report()
     print(text.split("\n## ")[0])

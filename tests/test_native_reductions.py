@@ -99,3 +99,20 @@ def test_two_broadcast_inputs_in_one_fused_backward_segment_get_their_own_sums(f
     prog = run(tape, loss, "native", fuse=fuse)
     for v in (x, b1, b2, u):
         assert np.array_equal(prog.grad(v), tape.grad(v))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_max_of_negative_values_along_every_path(backend):
+    """A max accumulator must start below every value (at -inf), not at 0."""
+    tape = tg.Tape()
+    whole = tape.param(-RNG.uniform(1.0, 2.0, 9))
+    rows = tape.param(-RNG.uniform(1.0, 2.0, (3, 5)))
+    cols = tape.param(-RNG.uniform(1.0, 2.0, (4, 3)))
+    ys = [whole.max(), rows.max(axis=1), cols.max(axis=0), rows.max(axis=(0, 1), keepdims=True)]
+    loss = ys[0] + ys[1].sum() + ys[2].sum() + ys[3].sum()
+    tape.backward(loss)
+    prog = run(tape, loss, backend)
+    for y in ys:
+        assert np.all(tape.value(y) < 0) and np.array_equal(prog.value(y), tape.value(y))
+    for v in (whole, rows, cols):
+        assert np.array_equal(prog.grad(v), tape.grad(v))

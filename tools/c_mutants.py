@@ -48,7 +48,7 @@ MUTATIONS = [
      "sum over a kept trailing axis overwrites instead of adding rows"),
     (RT, "            o -= sst[k] * shape[k];", "            o -= sst[k] * (shape[k] - 1);", NATIVE,
      "gather: wrong carry when an index wraps"),
-    (RT, "        dst[o] = first ? src[i] : dst[o] + src[i];", "        dst[o] = src[i];", NATIVE,
+    (RT, "        dst[o] = first ? src[i] : dst[o] + src[i];", "        dst[o] = (first || 1) ? src[i] : dst[o] + src[i];", NATIVE,
      "scatter: later contributions overwrite"),
     (RT, "        memcpy(gbuf, c, (size_t)n * sizeof(real));", "        memset(gbuf, 0, (size_t)n * sizeof(real));",
      NATIVE, "gradient accumulation: the first contribution is dropped"),
@@ -170,6 +170,12 @@ def main():
         r = run_one(work, k)
         results.append(r)
         print(f"[{k:2d}] {r['status']:9s} {r['file']}: {r['what']}  {r['detail']}", flush=True)
+    path = os.path.join(OUT, "c.json")
+    if sys.argv[1:] and os.path.exists(path):   # a partial rerun: keep the other mutations' last results
+        with open(path) as f:
+            earlier = {r["index"]: r for r in json.load(f)["results"]}
+        earlier.update({r["index"]: r for r in results})
+        results = [earlier[k] for k in sorted(earlier)]
     equivalent = [r for r in results if r["what"].startswith("equivalent:")]
     counted = [r for r in results if r not in equivalent and r["status"] in ("killed", "survived")]
     killed = sum(r["status"] == "killed" for r in counted)
@@ -177,7 +183,7 @@ def main():
                "seconds": round(time.time() - t0), "results": results,
                "survivors": [f"{r['file']} [{r['index']}]: {r['what']}" for r in counted if r["status"] == "survived"],
                "invalid": [r for r in results if r["status"] in ("invalid", "stale")]}
-    with open(os.path.join(OUT, "c.json"), "w") as f:
+    with open(path, "w") as f:
         json.dump(summary, f, indent=1)
     print(f"C mutations: {killed} / {len(counted)} killed, {len(equivalent)} equivalent (not counted), "
           f"{len(summary['invalid'])} invalid or stale, {summary['seconds']} s")

@@ -53,22 +53,25 @@ def test_clip_must_be_positive():
 
 
 def test_adam_on_a_float32_tape_keeps_float32_state_and_arithmetic():
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal(5).astype(np.float32)
     tape = tg.Tape(np.float32)
-    w = tape.param(np.array([0.5, -1.5, 2.0], np.float32))
+    w = tape.param(w0)
     opt = tg.Adam(0.1)
-    opt.add(tape, w, l2=0.25)
+    opt.add(tape, w, l2=0.3)
     tape.backward((w * w).sum())
     opt.step()
     assert all(a.dtype == np.float32 for a in opt.state_dict()["mu"] + opt.state_dict()["nu"])
-    # the same update written out in float32 NumPy arithmetic, in adam_update's order
+    # the same update on float32 arrays throughout (gradient, L2 term, moments and scratch)
+    from tapegrad.optim import adam_update, l2_grad
     f = np.float32
-    w0 = np.array([0.5, -1.5, 2.0], f)
-    g = (w0 + w0) + f(0.25) * w0
-    mu = f(1.0 - 0.9) * g
-    nu = f(1.0 - 0.999) * (g * g)
-    t = np.sqrt(nu / f(1.0 - 0.999)) + f(1e-8)
-    want = w0 + f(-0.1) * ((mu / f(1.0 - 0.9)) / t)
-    assert np.array_equal(tape.value(w), want)
+    g = l2_grad(w0 + w0, w0, f(0.3), np.empty(5, f))
+    want, mu, nu, t, u = w0.copy(), np.zeros(5, f), np.zeros(5, f), np.empty(5, f), np.empty(5, f)
+    adam_update(want, g, mu, nu, 0.9, 0.999, 1e-8, opt.step_scalars(1), "optax", t, u)
+    assert np.array_equal(tape.value(w), want) and np.array_equal(opt.mu[0], mu)
+    # the float64 scratch this must not use would round differently here
+    g64 = (w0.astype(np.float64) + w0) + 0.3 * w0.astype(np.float64)
+    assert not np.array_equal(g64.astype(np.float32), g)
 
 
 def hand_sgd(w, g, lr, l2):
@@ -149,3 +152,23 @@ def test_config_names_every_setting():
     assert opt.config() == {"kind": "Adam", "lr": 0.25, "clip": 3.0, "clip_mode": "torch", "l2": [0.5],
                             "b1": 0.8, "b2": 0.95, "eps": 1e-6, "eps_mode": "hat"}
     assert tg.SGD(0.5).config() == {"kind": "SGD", "lr": 0.5, "clip": None, "clip_mode": "optax", "l2": []}
+
+
+@pytest.mark.parametrize("sizes", [(3, 7, 5), (1, 13, 2), (8, 9, 4)])
+def test_runs_of_odd_sized_neighbours_update_each_parameter_once(sizes):
+    """Parameters side by side in the store form one run; its span must end at its last member's padding,
+    never inside the next parameter."""
+    rng = np.random.default_rng(len(sizes) + sizes[1])
+    tape = tg.Tape()
+    w0 = [rng.standard_normal(n) for n in sizes]
+    ws = [tape.param(a) for a in w0]
+    opt = tg.SGD(0.5)
+    for k, w in enumerate(ws):
+        opt.add(tape, w, l2=0.1 * k)
+    loss = ws[0].sum() * 0.0
+    for w in ws:
+        loss = loss + (w * w).sum()
+    tape.backward(loss)
+    opt.step()
+    for k, (w, a) in enumerate(zip(ws, w0)):
+        assert np.array_equal(tape.value(w), a - 0.5 * ((a + a) + (0.1 * k) * a)), k

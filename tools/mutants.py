@@ -52,10 +52,15 @@ MODULES = {
     "program": ("interop/program.py", ["tests/test_interop_program.py", "tests/test_interop_edges.py"]),
 }
 # Tests that cannot pass under mutmut: the tape reports the first stack frame outside the tapegrad package as
-# the place that created a node, and a mutated module calls through mutmut's trampoline (outside it).
+# the place that created a node, and a mutated module calls through mutmut's trampoline (outside it); the
+# allocation count of a NumPy replay includes the trampoline's own bookkeeping.
+NO_ALLOC = "tests/test_capture.py::test_numpy_episode_allocates_no_arrays_after_the_first"
 DESELECT = {
     "tape": ["tests/test_tape.py::test_check_finite_names_the_first_bad_node_and_its_line",
              "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients"],
+    "capture": [NO_ALLOC],
+    "replay": [NO_ALLOC],
+    "optim": [NO_ALLOC],
 }
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
           24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault"}

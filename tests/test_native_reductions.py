@@ -116,3 +116,19 @@ def test_max_of_negative_values_along_every_path(backend):
         assert np.all(tape.value(y) < 0) and np.array_equal(prog.value(y), tape.value(y))
     for v in (whole, rows, cols):
         assert np.array_equal(prog.grad(v), tape.grad(v))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_an_empty_inner_dimension_sums_to_zero(backend):
+    """(3, 0) @ (0, 4) is a sum over nothing: zeros, written even over a buffer that held other values."""
+    tape = tg.Tape()
+    a, b = tape.param(np.ones((3, 0))), tape.param(np.ones((0, 4)))
+    y = a @ b
+    loss = (y * tape.const(np.arange(12.0).reshape(3, 4))).sum()
+    tape.backward(loss)
+    prog = tg.capture(tape, loss, backend=backend)
+    prog.val[y.id][...] = 7.0          # stale values from an earlier episode must not survive
+    prog.forward()
+    prog.backward()
+    assert np.array_equal(prog.value(y), np.zeros((3, 4))) and float(prog.loss()) == 0.0
+    assert prog.grad(a).shape == (3, 0) and prog.grad(b).shape == (0, 4)

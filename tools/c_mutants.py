@@ -71,8 +71,7 @@ MUTATIONS = [
     (RT, "            sc[1] = lr * sqrt(bc2) / bc1;", "            sc[1] = lr * sqrt(bc1) / bc2;", NATIVE,
      "Adam (hat): bias corrections swapped"),
     (RT, "        if (!p[6])\n            continue;\n        real *w = TG_B(p[0])",
-     "        real *w = TG_B(p[0])", NATIVE, "untouched parameters get their l2-adjusted gradient prepared (equivalent"
-     " unless they are updated; kept to check the update loop's skip)"),
+     "        real *w = TG_B(p[0])", NATIVE, "equivalent: preparing gt for an untouched parameter is harmless, the norm and update loops skip it"),
     (RT, "                real t = l * w[i];\n                gt[i] = g[i] + t;",
      "                real t = l * w[i];\n                gt[i] = g[i] - t;", NATIVE, "L2 term subtracted"),
     (RT, "cmode == 0 ? norm >= maxn", "cmode == 0 ? norm > maxn", NATIVE, "optax clipping misses the exact limit"),

@@ -224,11 +224,26 @@ def report():
     return text
 
 
+def equivalents_markdown():
+    """The equivalent mutants as a markdown list (for docs/testing.md)."""
+    out = []
+    for e in load_equivalents():
+        line = e["line"].replace("\n", " ⏎ ")
+        out.append(f"- `{MODULES[e['module']][0]}` `{e['function']}`: `{line}` — {e['why']}")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from c_mutants import MUTATIONS
+    for k, (path, old, new, _, what) in enumerate(MUTATIONS):
+        if what.startswith("equivalent:"):
+            out.append(f"- `{path}` C mutation {k}: `{old.strip()}` → `{new.strip()}` — {what[len('equivalent: '):]}")
+    return "\n".join(out)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("modules", nargs="*", help=f"some of {', '.join(MODULES)} (default: all)")
     ap.add_argument("--jobs", type=int, default=2, help="mutants run in parallel (default 2)")
     ap.add_argument("--report", action="store_true", help="only rebuild the report from earlier runs")
+    ap.add_argument("--equivalents", action="store_true", help="print the equivalent mutants as markdown")
     ap.add_argument("--collect", action="store_true", help="re-read finished mutmut runs (after editing the "
                                                            "equivalents) without running mutants")
     args = ap.parse_args()
@@ -236,6 +251,9 @@ def main():
     if bad:
         ap.error(f"unknown module(s) {bad}; choose from {list(MODULES)}")
     os.makedirs(OUT, exist_ok=True)
+    if args.equivalents:
+        print(equivalents_markdown())
+        return
     if not args.report:
         for name in args.modules or MODULES:
             r = collect(name) if args.collect else run_module(name, args.jobs)

@@ -23,6 +23,8 @@ from interop import program as P
 from interop.callback import copying_call
 from mlp import blas_kernel, init, jax_loss, tape_loss
 
+jax.config.update("jax_enable_x64", True)   # the programs compute in float64
+
 SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10))}
 
 

@@ -65,6 +65,7 @@ def section(ctx):
     except ImportError as e:
         print(f"jax interop: skipped ({e})")
         return
+    interop.jax.config.update("jax_enable_x64", True)   # the demo's programs compute in float64
     jnp = interop.jnp
     eager = np.array(ctx.eager_losses)
     print("inside jax.jit:")

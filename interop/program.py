@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-from ._jax import jax, jnp
+from ._jax import jax, jnp, x64_enabled
 from .callback import host_call
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -125,6 +125,11 @@ class _Sig:
                 self.state += [tuple(program.shapes[k])] * 2
 
     def check(self, who, groups):
+        if self.dtype == np.float64 and not x64_enabled():
+            raise ProgramError(f"{who}: the program computes in float64 but JAX's 64-bit mode is off, so JAX would "
+                               f"truncate its operands to float32; enable it (jax.config.update('jax_enable_x64', "
+                               f"True), or run inside `with jax.enable_x64(True):`) or capture the program with "
+                               f"dtype='float32'")
         for name, want, got in groups:
             if len(got) != len(want):
                 raise ProgramError(f"{who}: expected {len(want)} {name} arrays {want}, got {len(got)}")

@@ -9,7 +9,7 @@ ALIGN = 64
 def aligned_empty(shape, dtype):
     """An uninitialised C-contiguous array whose data pointer is a multiple of 64 bytes."""
     dtype = np.dtype(dtype)
-    nbytes = max(math.prod(shape) * dtype.itemsize, 1)
+    nbytes = max(math.prod(shape), 1) * dtype.itemsize   # a size-0 array still views one element's bytes
     raw = np.empty(nbytes + ALIGN, np.uint8)
     off = -raw.__array_interface__["data"][0] % ALIGN
     return raw[off:off + nbytes].view(dtype)[:math.prod(shape)].reshape(shape)

@@ -8,7 +8,7 @@ import numpy as np
 from . import ops as O
 from .ops import Bad, check_axes
 from .tape import Var
-from .errors import ShapeError, at
+from .errors import ArgumentError, DTypeError, ShapeError, at
 
 
 def _tape(*xs):
@@ -18,11 +18,15 @@ def _tape(*xs):
     raise TypeError(f"expected at least one Var among {[type(x).__name__ for x in xs]}")
 
 
-def _var(x, tape):
-    """A Var for ``x``: Vars pass through, arrays become constants on ``tape``."""
+def _var(x, tape, opname="const", arg="b"):
+    """A Var for ``x``: Vars pass through, real arrays and numbers become constants on ``tape``."""
     if isinstance(x, Var):
         return x
-    return tape.const(np.asarray(x, dtype=tape.dtype) if not isinstance(x, np.ndarray) else x)
+    a = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if a.dtype.kind not in "fiu":
+        raise DTypeError(f"{at(opname, len(tape))}: argument {arg} must be a Var or real numbers, got "
+                         f"{type(x).__name__} of dtype {a.dtype}")
+    return tape.const(a if isinstance(x, np.ndarray) else a.astype(tape.dtype))
 
 
 def _scalar(x):
@@ -37,7 +41,7 @@ def _binary(op, scalar_rule, a, b):
     if scalar_rule is not None and isinstance(b, Var) and _scalar(a):
         return scalar_rule(b, float(a), True)
     tape = _tape(a, b)
-    return tape.apply(op, _var(a, tape), _var(b, tape))
+    return tape.apply(op, _var(a, tape, op.name, "a"), _var(b, tape, op.name, "b"))
 
 
 def _adds(v, s, flip):
@@ -109,6 +113,11 @@ def power(a, p):
 
 
 def _axes(opname, a, axis, keepdims):
+    ok = axis is None or isinstance(axis, (int, np.integer)) or (
+        isinstance(axis, (tuple, list)) and builtins.all(isinstance(k, (int, np.integer)) for k in axis))
+    if not ok or isinstance(axis, bool):
+        raise ShapeError(f"{at(opname, len(a.tape))}: axis must be an int, a tuple of ints or None, got "
+                         f"{type(axis).__name__} {axis!r}")
     try:
         return (check_axes(a.shape, axis), bool(keepdims))
     except Bad as e:
@@ -116,12 +125,19 @@ def _axes(opname, a, axis, keepdims):
 
 
 def _reduce(op):
-    def f(a, axis=None, keepdims=False):
+    def f(a, axis=None, keepdims=False, dtype=None, out=None):
         if a.id < 0:
             return a
         try:
+            if dtype is not None or out is not None:  # np.sum(var) passes both (as None)
+                raise ArgumentError(f"{at(op.name, len(a.tape))}: dtype= and out= are not supported on a Var, "
+                                    f"got dtype={dtype!r}, out={type(out).__name__}")
             s = _axes(op.name, a, axis, keepdims)
-        except ShapeError as e:
+            axes = range(a.ndim) if s[0] is None else s[0]
+            if op.name == "max" and builtins.any(a.shape[k] == 0 for k in axes):
+                raise ShapeError(f"{at(op.name, len(a.tape))}: max over an empty axis of shape {a.shape} has no "
+                                 f"value (no identity); reduce over non-empty axes")
+        except (ShapeError, ArgumentError) as e:
             return a.tape._fail(e)
         return a.tape.apply(op, a, None, s)
     f.__name__ = op.name
@@ -146,6 +162,15 @@ def transpose(a, axes=None):
     """Permute axes (default: reverse them), as ``numpy.transpose``."""
     if a.id < 0:
         return a
+    if axes is not None:
+        try:
+            axes = tuple(axes)
+        except TypeError:
+            axes = (axes,)
+        if not builtins.all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) and -a.ndim <= k < a.ndim
+                            for k in axes):
+            return a.tape._fail(ShapeError(f"{at('transpose', len(a.tape))}: axes must be ints in [-{a.ndim}, "
+                                           f"{a.ndim}) for an input of shape {a.shape}, got {axes!r}"))
     axes = tuple(reversed(range(a.ndim))) if axes is None else tuple(int(k) % builtins.max(a.ndim, 1) for k in axes)
     return a.tape.apply(O.transpose, a, None, axes)
 
@@ -155,6 +180,9 @@ def reshape(a, *shape):
     if a.id < 0:
         return a
     shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
+    if not builtins.all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
+        return a.tape._fail(ShapeError(f"{at('reshape', len(a.tape))}: the new shape must be ints, got {shape!r} "
+                                       f"(non-integers such as 2.9 are never truncated)"))
     shape = tuple(int(n) for n in shape)
     if shape.count(-1) == 1:
         rest = math.prod([n for n in shape if n != -1])
@@ -187,6 +215,11 @@ softmax, log_softmax = _axis_op(O.softmax), _axis_op(O.logsoftmax)
 def concat(xs, axis=0):
     """Join Vars along ``axis`` (a chain of binary ``concat`` nodes)."""
     xs = list(xs)
+    if not xs or not builtins.any(isinstance(x, Var) for x in xs):
+        raise ArgumentError(f"concat: expected a non-empty sequence with at least one Var, got "
+                            f"{[type(x).__name__ for x in xs]}")
+    tape = _tape(*xs)
+    xs = [_var(x, tape, "concat", f"xs[{k}]") for k, x in enumerate(xs)]
     out = xs[0]
     for x in xs[1:]:
         if out.id < 0:

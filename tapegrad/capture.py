@@ -31,7 +31,7 @@ import numpy as np
 
 from . import ops as O
 from ._arena import aligned_copy, aligned_empty, readonly
-from .errors import DTypeError, ForeignVarError, LazyValueError, ShapeError, TapeError, at
+from .errors import ConfigError, DTypeError, ForeignVarError, LazyValueError, ShapeError, TapeError, at
 from .tape import Var
 
 BACKENDS = ("numpy", "native")
@@ -51,7 +51,7 @@ def capture(tape, loss, backend="numpy", dtype="float64", fuse=True):
     order) and within a few ulp for "libm" and "blas" ops (see ``tests/test_native.py``).
     """
     if backend not in BACKENDS:
-        raise ValueError(f"capture: backend must be one of {BACKENDS}, got {backend!r}")
+        raise ConfigError(f"capture: backend must be one of {BACKENDS}, got {backend!r}")
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise DTypeError(f"capture: dtype must be float64 or float32, got {dt}")
@@ -278,11 +278,26 @@ class Program:
         """Write the program's parameters back into the tape (and its optimizer's state, if given)."""
         if tape is not self._tape():
             raise ForeignVarError("sync_params: not the tape this program was captured from")
-        for k in self.params:
-            if k < len(tape) and tape._nodes[k].op is O.param and tape._val[k] is not None:
-                np.copyto(tape._val[k], self.val[k], casting="unsafe")
+        for k in self.params:   # every target checked before anything is written
+            nd = tape._nodes[k] if k < len(tape) else None
+            if nd is None or nd.op is not O.param or nd.epoch != self.epochs[k] or nd.shape != self.shapes[k]:
+                raise ForeignVarError(f"{at('sync_params', k)}: the captured parameter node {k} {self.shapes[k]} is no "
+                                      f"longer on the tape (reset_to dropped it; node {k} is now "
+                                      f"{'absent' if nd is None else f'a {nd.op.name} {nd.shape}'}); sync before "
+                                      f"resetting past the capture")
         if optimizer is not None:
-            optimizer.load_state_dict(self.optimizer_state())
+            if optimizer.tape is not None and optimizer.tape is not tape:
+                raise ForeignVarError("sync_params: the optimizer serves another tape")
+            optimizer.check_params("sync_params")
+            if self.opt is None or [v.id for v in optimizer.params] != self.opt.ids or optimizer.kind != self.opt.kind:
+                raise TapeError(f"sync_params: the optimizer ({optimizer.kind}, parameters "
+                                f"{[v.id for v in optimizer.params]}) is not the one attached to the program "
+                                f"({None if self.opt is None else (self.opt.kind, self.opt.ids)})")
+            state = self.optimizer_state()
+            optimizer.load_state_dict(state)
+        for k in self.params:
+            if tape._val[k] is not None:
+                np.copyto(tape._val[k], self.val[k], casting="unsafe")
 
     def optimizer_state(self):
         """The attached optimizer's state (``count``, and Adam's ``mu``/``nu`` copies) as the tape's form."""

@@ -93,7 +93,30 @@ def load(program):
     if lib[0].tg_load(arr.ctypes.data) != 0:
         raise MemoryError("load: tg_load could not allocate its table entry")
     _PINNED[h] = (program, program.opt, program.runner)
+    program.__dict__.setdefault("_ffi_hashes", set()).add(h)
+    hooks = program.__dict__.setdefault("_attach_hooks", [])
+    if _reattached not in hooks:
+        hooks.append(_reattached)
     return h
+
+
+def _reattached(program):
+    """``program.attach`` replaced the optimizer state buffers the native table points into.
+
+    The entry under the program's hash is re-pointed at the new buffers (a jitted step keeps working,
+    on the new state); entries under hashes the program no longer has (another optimizer config) are
+    dropped, so executables traced for the old configuration fail with an error instead of running on
+    stale state.
+    """
+    now = program.hash64
+    hashes = program.__dict__.get("_ffi_hashes", set())
+    for h in sorted(hashes):
+        if h != now:
+            unload(h)
+            _PINNED.pop(h, None)
+            hashes.discard(h)
+    if now in hashes:
+        load(program)
 
 
 def unload(program_or_hash):

@@ -229,6 +229,8 @@ class Program:
             self._slot(v, "attach")
         self.opt = _Opt(optimizer, self)
         self.runner.attached()
+        for hook in self.__dict__.get("_attach_hooks", ()):   # e.g. interop re-points its FFI table entry
+            hook(self)
 
     def step(self):
         """One optimizer update of the program's parameters from the program's gradients."""

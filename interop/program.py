@@ -19,6 +19,7 @@ import numpy as np
 
 from ._jax import jax, jnp
 from .callback import host_call
+from .function import first_order
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LOCK = threading.Lock()
@@ -328,7 +329,7 @@ def program_call(program, *, native=None):
     def run(*xs):
         xs = tuple(jnp.asarray(x) for x in xs)
         check(xs)
-        return f(*_align_varying(xs))
+        return first_order(f, "program_call", _align_varying(xs))
 
     run.program, run.native = program, native
     return run

@@ -8,7 +8,7 @@ import numpy as np
 from . import ops as O
 from .ops import Bad, check_axes
 from .tape import Var
-from .errors import ArgumentError, DTypeError, ShapeError, at
+from .errors import ArgumentError, DTypeError, ShapeError, TapeError, at
 
 
 def _tape(*xs):
@@ -22,11 +22,37 @@ def _var(x, tape, opname="const", arg="b"):
     """A Var for ``x``: Vars pass through, real arrays and numbers become constants on ``tape``."""
     if isinstance(x, Var):
         return x
+    return tape.const(_real(x, tape, opname, arg))
+
+
+def _real(x, tape, opname, arg):
     a = x if isinstance(x, np.ndarray) else np.asarray(x)
     if a.dtype.kind not in "fiu":
         raise DTypeError(f"{at(opname, len(tape))}: argument {arg} must be a Var or real numbers, got "
                          f"{type(x).__name__} of dtype {a.dtype}")
-    return tape.const(a if isinstance(x, np.ndarray) else a.astype(tape.dtype))
+    return a if isinstance(x, np.ndarray) else a.astype(tape.dtype)
+
+
+def _lift(op, tape, a, b, s=None):
+    """``(a, b)`` as Vars for ``op``; arrays become constants only once the Vars are valid and the op's
+    shape rule accepts the shapes, so a failing call leaves no constant behind. A poisoned Var or the
+    error (raised, or poisoning the tape) comes back as ``(v, None)``."""
+    try:
+        xs = []
+        for x, arg in ((a, "a"), (b, "b")):
+            if isinstance(x, Var):
+                tape._index(x, op.name, arg)
+                xs.append((x, x.shape))
+            else:
+                arr = _real(x, tape, op.name, arg)
+                xs.append((arr, arr.shape))
+        try:
+            op.shape(xs[0][1], xs[1][1], s)
+        except Bad as e:
+            raise ShapeError(f"{at(op.name, len(tape))}: {e}") from None
+    except TapeError as e:
+        return tape._fail(e), None
+    return tuple(x if isinstance(x, Var) else tape.const(x) for x, _ in xs)
 
 
 def _scalar(x):
@@ -41,7 +67,8 @@ def _binary(op, scalar_rule, a, b):
     if scalar_rule is not None and isinstance(b, Var) and _scalar(a):
         return scalar_rule(b, float(a), True)
     tape = _tape(a, b)
-    return tape.apply(op, _var(a, tape, op.name, "a"), _var(b, tape, op.name, "b"))
+    a, b = _lift(op, tape, a, b)
+    return a if b is None else tape.apply(op, a, b)
 
 
 def _adds(v, s, flip):
@@ -219,11 +246,27 @@ def concat(xs, axis=0):
         raise ArgumentError(f"concat: expected a non-empty sequence with at least one Var, got "
                             f"{[type(x).__name__ for x in xs]}")
     tape = _tape(*xs)
-    xs = [_var(x, tape, "concat", f"xs[{k}]") for k, x in enumerate(xs)]
+    try:   # every operand and every join checked before the first node is appended
+        shapes = []
+        for k, x in enumerate(xs):
+            if isinstance(x, Var):
+                tape._index(x, "concat", f"xs[{k}]")
+                shapes.append(x.shape)
+            else:
+                xs[k] = _real(x, tape, "concat", f"xs[{k}]")
+                shapes.append(xs[k].shape)
+        sh = shapes[0]
+        for n, x in enumerate(shapes[1:]):
+            nd = builtins.max(len(sh), 1)
+            try:
+                sh = O.concat.shape(sh, x, int(axis) % nd if -nd <= axis < nd else axis)
+            except Bad as e:
+                raise ShapeError(f"{at('concat', len(tape) + n)}: {e}") from None
+    except TapeError as e:
+        return tape._fail(e)
+    xs = [x if isinstance(x, Var) else tape.const(x) for x in xs]
     out = xs[0]
     for x in xs[1:]:
-        if out.id < 0:
-            return out
         nd = builtins.max(out.ndim, 1)
         out = out.tape.apply(O.concat, out, x, int(axis) % nd if -nd <= axis < nd else axis)
     return out
@@ -252,14 +295,19 @@ def softmax_cross_entropy(logits, targets, axis=-1):
     ``targets`` (one-hot or any distribution per row) may be a Var or an array.
     """
     tape = _tape(logits, targets)
-    logits, targets = _var(logits, tape), _var(targets, tape)
-    if logits.id < 0 or targets.id < 0:
-        return logits if logits.id < 0 else targets
-    nd = builtins.max(logits.ndim, 1)
-    if not isinstance(axis, (int, np.integer)) or not -nd <= axis < nd:
+    if isinstance(logits, Var):
+        if logits.id < 0:
+            return logits
+        try:
+            tape._index(logits, "softmax_xent", "a")
+        except TapeError as e:
+            return tape._fail(e)
+    nd = builtins.max(logits.ndim if isinstance(logits, Var) else np.ndim(logits), 1)
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -nd <= axis < nd:
         return tape._fail(ShapeError(f"{at('softmax_xent', len(tape))}: axis {axis!r} is out of range for "
-                                     f"logits of shape {logits.shape}"))
-    return tape.apply(O.softmax_xent, logits, targets, int(axis) % nd)
+                                     f"logits of rank {nd}"))
+    logits, targets = _lift(O.softmax_xent, tape, logits, targets, int(axis) % nd)
+    return logits if targets is None else tape.apply(O.softmax_xent, logits, targets, int(axis) % nd)
 
 
 def _install():

@@ -1,5 +1,6 @@
 """Durable files: directory fsync, and cleanup of temporaries whose writing process died."""
 import os
+import shutil
 
 
 def fsync_dir(folder):
@@ -17,7 +18,7 @@ def fsync_dir(folder):
 
 
 def sweep_temporaries(folder, prefix):
-    """Remove ``<prefix><pid>-*`` files in ``folder`` whose writing process no longer exists."""
+    """Remove ``<prefix><pid>-*`` files and folders in ``folder`` whose writing process no longer exists."""
     try:
         names = os.listdir(folder)
     except OSError:
@@ -27,8 +28,12 @@ def sweep_temporaries(folder, prefix):
             continue
         pid = name[len(prefix):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
+            path = os.path.join(folder, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+                continue
             try:
-                os.unlink(os.path.join(folder, name))
+                os.unlink(path)
             except OSError:
                 pass
 

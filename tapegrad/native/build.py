@@ -195,15 +195,20 @@ def _acquire(lock, lib):
 
 
 def _compile(cc, source, lib, summ, d, prefix):
+    """Compile in a private temporary folder (``<prefix>XXXX/``), then rename the library into place.
+
+    A compiler orphaned by a ``kill -9`` of this process may still write its output later: into a
+    folder that the next build has removed, so it leaves nothing behind.
+    """
     try:
-        fd, src = tempfile.mkstemp(suffix=".c", dir=d, prefix=prefix)
+        work = tempfile.mkdtemp(dir=d, prefix=prefix)
     except OSError as e:
         raise BuildError(f"native backend: cannot write the build cache {d}: {e.strerror or e}; point ${ENV} at "
                          f"a writable folder") from None
-    tmp = src[:-2] + ".so.tmp"
+    src, tmp = os.path.join(work, "src.c"), os.path.join(work, "lib.so")
     timeout = _env_number(TIMEOUT_ENV, 300.0)
     try:
-        with os.fdopen(fd, "w") as f:
+        with open(src, "w") as f:
             f.write(source)
         try:
             p = subprocess.Popen([cc, *flags(), "-o", tmp, src, "-lm"], stdout=subprocess.PIPE,
@@ -218,28 +223,25 @@ def _compile(cc, source, lib, summ, d, prefix):
             raise BuildError(f"native backend: {os.path.basename(cc)} did not finish within {timeout:g} s "
                              f"(${TIMEOUT_ENV}); it was killed") from None
         if p.returncode != 0:
+            kept = lib[:-3] + ".failed.c"     # one per key, kept for a bug report
+            os.replace(src, kept)
             raise BuildError(f"native backend: {os.path.basename(cc)} failed (exit {p.returncode}) on generated "
-                             f"source {os.path.basename(src)}:\n{err[-4000:]}")
+                             f"source {kept}:\n{err[-4000:]}")
         if not os.path.isfile(tmp) or os.path.getsize(tmp) == 0:
-            raise BuildError(f"native backend: {os.path.basename(cc)} exited 0 but wrote no library ({tmp}); "
-                             f"check CC")
+            raise BuildError(f"native backend: {os.path.basename(cc)} exited 0 but wrote no library; check CC")
         if err.strip():
             log.warning("native build %s: compiler warnings (set %s=1 to make them errors):\n%s",
                         os.path.basename(lib), WERROR_ENV, err[-4000:])
         digest = _sha(tmp)
         os.replace(tmp, lib)
-        stmp = src[:-2] + ".sum.tmp"
+        stmp = os.path.join(work, "sum")
         with open(stmp, "w") as f:
             f.write(digest)
         os.replace(stmp, summ)
     except OSError as e:
         raise BuildError(f"native backend: cannot write the build cache {d}: {e.strerror or e}") from None
     finally:
-        for path in (src, tmp, src[:-2] + ".sum.tmp"):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def load(path):
@@ -325,5 +327,8 @@ def clear_cache():
     for f in os.listdir(d):
         if ".tmp-" in f:
             sweep_temporaries(d, f[:f.index(".tmp-") + 5])
+        elif f.endswith(".failed.c"):
+            _remove(os.path.join(d, f[:-len(".failed.c")] + ".so"))
+            os.unlink(os.path.join(d, f))
     log.info("native build cache: cleared %d libraries from %s", len(entries), d)
     return len(entries)

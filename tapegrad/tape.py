@@ -213,7 +213,8 @@ class Tape:
         if isinstance(array, Var):
             raise TypeError(f"{at(name, len(self))}: expected an array, got a Var (use it directly)")
         if not isinstance(array, np.ndarray):
-            array = np.asarray(array, dtype=self.dtype if not isinstance(array, np.generic) else None)
+            raw = np.asarray(array)   # complex, str, None: no float() here; the dtype check names them
+            array = raw.astype(self.dtype) if raw.dtype.kind in "fbiu" and not isinstance(array, np.generic) else raw
         if op is O.const and array.dtype.kind in "biu":
             return self._data(array)
         if array.dtype.kind != "f" or array.dtype not in _DTYPES:

@@ -12,6 +12,6 @@ def test_quick_soak_is_flat(tmp_path):
     r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "soak.py"), "--quick"], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "steps" not in line]
+    rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and not line.startswith("| loop")]
     assert len(rows) == 8
     assert "flat (growth ≤ 4 MB, no fd leaked): all loops" in r.stdout

@@ -36,31 +36,17 @@ def _real(x, tape, opname, arg):
     return a.astype(tape.dtype) if not isinstance(x, np.ndarray) or a.dtype.kind in "biu" else a
 
 
-def _lift(op, tape, a, b, s=None):
-    """``(a, b)`` as Vars for ``op``; arrays become constants only once the Vars are valid and the op's
-    shape rule accepts the shapes, so a failing call leaves no constant behind. A poisoned Var or the
-    error (raised, or poisoning the tape) comes back as ``(v, None)``."""
-    try:
-        xs = []
-        for x, arg in ((a, "a"), (b, "b")):
-            if isinstance(x, Var):
-                tape._index(x, op.name, arg)
-                xs.append((x, x.shape))
-            else:
-                arr = _real(x, tape, op.name, arg)
-                xs.append((arr, arr.shape))
-        try:
-            op.shape(xs[0][1], xs[1][1], s)
-        except Bad as e:
-            raise ShapeError(f"{at(op.name, len(tape))}: {e}") from None
-    except TapeError as e:
-        return tape._fail(e), None
-    return tuple(x if isinstance(x, Var) else tape.const(x) for x, _ in xs)
-
-
-def _data(x, tape):
-    """A Var for a data operand (indices, a mask): Vars pass through, arrays become data constants."""
-    return x if isinstance(x, Var) else tape.const(np.asarray(x))
+def _data(x, tape, kind="i", opname="", arg=""):
+    """A Var for a data operand (``kind`` "i" indices, "b" a mask): Vars pass through (the op checks
+    their kind), arrays become data constants once they are of the right kind."""
+    if isinstance(x, Var):
+        return x
+    x = np.asarray(x)
+    if x.dtype.kind not in ("b" if kind == "b" else "iu") and not (kind == "i" and x.size == 0):
+        want = "a bool mask" if kind == "b" else "integer indices"
+        raise ArgumentError(f"{at(opname, len(tape))}: argument {arg} must be {want} (an array or a data Var), got "
+                            f"a {x.dtype} array; convert with np.asarray(x, {'bool' if kind == 'b' else 'int'})")
+    return tape.const(x)
 
 
 def _scalar(x):
@@ -75,8 +61,8 @@ def _binary(op, scalar_rule, a, b):
     if scalar_rule is not None and isinstance(b, Var) and _scalar(a):
         return scalar_rule(b, float(a), True)
     tape = _tape(a, b)
-    a, b = _lift(op, tape, a, b)
-    return a if b is None else tape.apply(op, a, b)
+    with tape._lifted():
+        return tape.apply(op, _var(a, tape, op.name, "a"), _var(b, tape, op.name, "b"))
 
 
 def _adds(v, s, flip):
@@ -254,30 +240,15 @@ def concat(xs, axis=0):
         raise ArgumentError(f"concat: expected a non-empty sequence with at least one Var, got "
                             f"{[type(x).__name__ for x in xs]}")
     tape = _tape(*xs)
-    try:   # every operand and every join checked before the first node is appended
-        shapes = []
-        for k, x in enumerate(xs):
-            if isinstance(x, Var):
-                tape._index(x, "concat", f"xs[{k}]")
-                shapes.append(x.shape)
-            else:
-                xs[k] = _real(x, tape, "concat", f"xs[{k}]")
-                shapes.append(xs[k].shape)
-        sh = shapes[0]
-        for n, x in enumerate(shapes[1:]):
-            nd = builtins.max(len(sh), 1)
-            try:
-                sh = O.concat.shape(sh, x, int(axis) % nd if -nd <= axis < nd else axis)
-            except Bad as e:
-                raise ShapeError(f"{at('concat', len(tape) + n)}: {e}") from None
-    except TapeError as e:
-        return tape._fail(e)
-    xs = [x if isinstance(x, Var) else tape.const(x) for x in xs]
-    out = xs[0]
-    for x in xs[1:]:
-        nd = builtins.max(out.ndim, 1)
-        out = out.tape.apply(O.concat, out, x, int(axis) % nd if -nd <= axis < nd else axis)
-    return out
+    with tape._lifted():   # a failing join takes the constants and joins before it along
+        xs = [_var(x, tape, "concat", f"xs[{k}]") for k, x in enumerate(xs)]
+        out = xs[0]
+        for x in xs[1:]:
+            if out.id < 0:
+                return out
+            nd = builtins.max(out.ndim, 1)
+            out = tape.apply(O.concat, out, x, int(axis) % nd if -nd <= axis < nd else axis)
+        return out
 
 
 def getitem(a, key):
@@ -291,17 +262,23 @@ def getitem(a, key):
     """
     if a.id < 0:
         return a
+    with a.tape._lifted():
+        return _getitem(a, key)
+
+
+def _getitem(a, key):
     key = key if isinstance(key, tuple) else (key,)
     here = at("getitem", len(a.tape))
     dots = [i for i, k in enumerate(key) if k is Ellipsis]
     if len(dots) > 1:
         return a.tape._fail(ShapeError(f"{here}: at most one ... in an index, got {key!r}"))
     used = builtins.sum(k is not None and k is not Ellipsis for k in key)
+    if used > a.ndim:
+        return a.tape._fail(ShapeError(f"{here}: too many indices for shape {a.shape}: {key!r}"))
     if dots:
         i = dots[0]
         key = key[:i] + (slice(None),) * (a.ndim - used) + key[i + 1:]
-    if used > a.ndim:
-        return a.tape._fail(ShapeError(f"{here}: too many indices for shape {a.shape}: {key!r}"))
+        used = a.ndim
     key = key + (slice(None),) * (a.ndim - used)
     ranges, drop, new, adv, out_axis = [], [], [], None, 0
     for k in key:
@@ -338,7 +315,7 @@ def getitem(a, key):
         if drop and (builtins.min(drop) < d < builtins.max(drop) or (drop[0] < d and drop[-1] > d)):
             return a.tape._fail(ShapeError(f"{here}: integers on both sides of an array index (NumPy would move "
                                            f"the result's axes): use tg.take explicitly"))
-        idx = _data(idx, a.tape)
+        idx = _data(idx, a.tape, "i", "getitem", "index")
         out = take(out, idx, d)
         if out.id < 0:
             return out
@@ -379,8 +356,9 @@ def softmax_cross_entropy(logits, targets, axis=-1):
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -nd <= axis < nd:
         return tape._fail(ShapeError(f"{at('softmax_xent', len(tape))}: axis {axis!r} is out of range for "
                                      f"logits of rank {nd}"))
-    logits, targets = _lift(O.softmax_xent, tape, logits, targets, int(axis) % nd)
-    return logits if targets is None else tape.apply(O.softmax_xent, logits, targets, int(axis) % nd)
+    with tape._lifted():
+        logits, targets = _var(logits, tape, "softmax_xent", "a"), _var(targets, tape, "softmax_xent", "b")
+        return tape.apply(O.softmax_xent, logits, targets, int(axis) % nd)
 
 
 def _install():
@@ -437,8 +415,8 @@ def where(mask, a, b):
     rule (``0 · ∞``): guard the input too (``where(m, sqrt(where(m, x, 1)), 0)``).
     """
     tape = _tape(a, b, mask)
-    m = _data(mask, tape)
-    with np.errstate(invalid="ignore"):
+    with tape._lifted():
+        m = _data(mask, tape, "b", "where", "mask")
         return tape.apply(OX.where, _var(a, tape), _var(b, tape), None, m)
 
 
@@ -450,7 +428,8 @@ def take(a, indices, axis=0):
     """
     if a.id < 0:
         return a
-    return a.tape.apply(OX.take, a, _data(indices, a.tape), _norm_axis(axis, a.ndim))
+    with a.tape._lifted():
+        return a.tape.apply(OX.take, a, _data(indices, a.tape, "i", "take", "indices"), _norm_axis(axis, a.ndim))
 
 
 def take_along_axis(a, indices, axis):
@@ -464,14 +443,21 @@ def take_along_axis(a, indices, axis):
     """
     if a.id < 0:
         return a
-    return a.tape.apply(OX.take_along_axis, a, _data(indices, a.tape), _norm_axis(axis, a.ndim))
+    with a.tape._lifted():
+        return a.tape.apply(OX.take_along_axis, a, _data(indices, a.tape, "i", "take_along_axis", "indices"),
+                            _norm_axis(axis, a.ndim))
 
 
 def _scatter(op, a, indices, values, axis):
     if a.id < 0:
         return a
+    with a.tape._lifted():
+        return _scatter_lifted(op, a, indices, values, axis)
+
+
+def _scatter_lifted(op, a, indices, values, axis):
     tape = a.tape
-    idx = _data(indices, tape)
+    idx = _data(indices, tape, "i", op.name, "indices")
     ax = _norm_axis(axis, a.ndim)
     v = _var(values, tape)
     if 0 <= ax < a.ndim and idx.id >= 0 and v.id >= 0:
@@ -504,7 +490,9 @@ def dynamic_slice(a, starts, sizes):
     """``lax.dynamic_slice``: a window of ``sizes`` at data-dependent ``starts`` (clamped to fit)."""
     if a.id < 0:
         return a
-    return a.tape.apply(OX.dynamic_slice, a, _data(starts, a.tape), tuple(int(n) for n in sizes))
+    with a.tape._lifted():
+        return a.tape.apply(OX.dynamic_slice, a, _data(starts, a.tape, "i", "dynamic_slice", "starts"),
+                            tuple(int(n) for n in sizes))
 
 
 def dynamic_update_slice(a, update, starts):
@@ -512,7 +500,9 @@ def dynamic_update_slice(a, update, starts):
     if a.id < 0:
         return a
     tape = a.tape
-    return tape.apply(OX.dynamic_update_slice, a, _var(update, tape), None, _data(starts, tape))
+    with tape._lifted():
+        starts = _data(starts, tape, "i", "dynamic_update_slice", "starts")
+        return tape.apply(OX.dynamic_update_slice, a, _var(update, tape), None, starts)
 
 
 def flip(a, axis=None):

@@ -41,7 +41,7 @@ BAD = [
     ("other tape", lambda t: t.x + tg.Tape().param(np.ones(4)), tg.ForeignVarError,
      "add (node 2): argument b (node 0) belongs to another tape"),
     ("xent shapes", lambda t: tg.softmax_cross_entropy(t.x, np.ones((2, 3))), tg.ShapeError,
-     "softmax_xent (node 2): logits (2, 4) and targets (2, 3) must have the same shape"),
+     "softmax_xent (node 3): logits (2, 4) and targets (2, 3) must have the same shape"),
 ]
 
 

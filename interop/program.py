@@ -12,6 +12,7 @@ into the program's slots, run the program's own code, and copy the results out.
 """
 import ctypes
 import hashlib
+import logging
 import os
 import threading
 
@@ -59,6 +60,8 @@ def native_library():
             path = build.build(src, name="tg_xla")
         except (ImportError, BuildError, OSError) as e:
             _LIB["lib"], _LIB["why"] = None, f"{type(e).__name__}: {e}"
+            logging.getLogger("tapegrad").info("interop: the native FFI handler is unavailable, programs run "
+                                               "through the host callback instead (%s)", _LIB["why"])
             return None
         lib = ctypes.CDLL(path)
         lib.tg_load.argtypes, lib.tg_load.restype = [ctypes.c_void_p], ctypes.c_int

@@ -222,3 +222,20 @@ def test_emit_non_scalar_and_float32_tapes():
     t32 = tg.Tape(np.float32)
     w32 = t32.param(np.ones(1))
     raises_cleanly(EmitError, r"c_grad: expected a float64 tape", lambda: c_grad(t32, w32 * 2.0, [w32], {}))
+
+
+FALLBACK = r"""
+import logging
+logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+from interop import program
+print(program.native_library())
+"""
+
+
+def test_the_fallback_to_the_host_callback_is_logged_once():
+    env = {**os.environ, "CC": "/nonexistent/cc", "PYTHONPATH": os.getcwd()}
+    r = subprocess.run([sys.executable, "-c", FALLBACK], env=env, capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "None"
+    lines = [x for x in r.stderr.splitlines() if x.startswith("tapegrad ")]
+    assert len(lines) == 1 and lines[0].startswith("tapegrad INFO interop: the native FFI handler is unavailable, "
+                                                   "programs run through the host callback instead (BuildError: ")

@@ -17,16 +17,22 @@ def fsync_dir(folder):
         os.close(fd)
 
 
-def sweep_temporaries(folder, prefix):
-    """Remove ``<prefix><pid>-*`` files and folders in ``folder`` whose writing process no longer exists."""
+def sweep_temporaries(folder, prefix, marker=None):
+    """Remove ``<prefix><pid>-*`` files and folders in ``folder`` whose writing process no longer exists
+    (with ``marker``: every ``*<marker><pid>-*`` entry, whatever comes before the marker)."""
     try:
         names = os.listdir(folder)
     except OSError:
         return
     for name in names:
-        if not name.startswith(prefix):
+        if marker is not None:
+            if marker not in name:
+                continue
+            pid = name.split(marker, 1)[1].split("-", 1)[0]
+        elif name.startswith(prefix):
+            pid = name[len(prefix):].split("-", 1)[0]
+        else:
             continue
-        pid = name[len(prefix):].split("-", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
             path = os.path.join(folder, name)
             if os.path.isdir(path) and not os.path.islink(path):

@@ -239,7 +239,7 @@ KILLED = r"""
 import sys
 from tapegrad.native import build
 src = "".join(f"double f{i}(double x) {{ return x * {i}.5 + f{i - 1 if i else 0}(x - 1.0); }}\n" for i in range(1, 600))
-src = "double f0(double x) { return x; }\n" + src + "int tg_probe(void) { return 9; }\n"
+src = f"/* round {sys.argv[1]} */\ndouble f0(double x) {{ return x; }}\n" + src + "int tg_probe(void) { return 9; }\n"
 print("go", flush=True)
 build.build(src, "big")
 """
@@ -249,8 +249,8 @@ def test_kill_9_during_compiles_leaves_no_temporaries_after_the_next_build(cache
     env = {**os.environ, build.ENV: str(cache), "PYTHONPATH": os.getcwd()}
     rng = np.random.default_rng(0)
     killed_mid_compile = 0
-    for _ in range(3):
-        p = subprocess.Popen([sys.executable, "-c", KILLED], env=env, stdout=subprocess.PIPE, text=True,
+    for rnd in range(3):       # a new source each round: every round compiles (a new key)
+        p = subprocess.Popen([sys.executable, "-c", KILLED, str(rnd)], env=env, stdout=subprocess.PIPE, text=True,
                              start_new_session=True)
         assert p.stdout.readline().strip() == "go"
         time.sleep(0.15 + 0.25 * rng.random())
@@ -260,10 +260,10 @@ def test_kill_9_during_compiles_leaves_no_temporaries_after_the_next_build(cache
         assert [f for f in leftovers(cache, ".so") if not f.endswith(".so")] == []   # never a half library
         killed_mid_compile += bool(leftovers(cache, ".tmp-"))
     assert killed_mid_compile >= 1
-    r = subprocess.run([sys.executable, "-c", KILLED + "print(build.load(build.build(src, 'big')).tg_probe())"],
+    r = subprocess.run([sys.executable, "-c", KILLED + "print(build.load(build.build(src, 'big')).tg_probe())", "last"],
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.stdout.split()[-1] == "9", r.stderr
-    assert leftovers(cache, ".tmp") == []
+    assert leftovers(cache, ".tmp") == []      # the other keys' dead temporaries too
 
 
 def test_eight_threads_build_the_same_library_once(cache, caplog):

@@ -350,13 +350,13 @@ opt = tg.Adam(0.1)
 for p in ps:
     opt.add(tape, p)
 k = int(sys.argv[2])
-print("ready", flush=True)
 while True:
     k += 1
     for p in ps:
         tape._val[p.id][...] = k
     opt.count = k
     tg.save(path, tape, opt)
+    print("saved", flush=True)
 """
 
 
@@ -369,13 +369,11 @@ def test_kill_9_during_saves_always_leaves_a_loadable_checkpoint_and_no_temporar
     for rnd in range(6):
         proc = subprocess.Popen([sys.executable, "-c", WRITER, path, str(start)], env=env, stdout=subprocess.PIPE,
                                 text=True)
-        assert proc.stdout.readline().strip() == "ready"
-        time.sleep(0.05 + rng.random() * 0.25)
+        assert proc.stdout.readline().strip() == "saved"     # one new checkpoint at least, then saves go on
+        time.sleep(rng.random() * 0.25)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
-        if not os.path.exists(path):
-            continue
         tape = tg.Tape()
         ps = [tape.param(np.full(200_000, -1.0)) for _ in range(3)]
         opt = tg.Adam(0.1)
@@ -383,11 +381,11 @@ def test_kill_9_during_saves_always_leaves_a_loadable_checkpoint_and_no_temporar
             opt.add(tape, p)
         tg.load(path, tape, opt)       # the previous complete checkpoint, never a mix
         k = opt.count
-        assert all(np.all(tape.value(p) == k) for p in ps) and k > 0
+        assert all(np.all(tape.value(p) == k) for p in ps) and k > start
         seen.add(k)
         start = k
         assert len(leftovers(tmp_path, ".tmp-")) <= 1   # each save sweeps its dead predecessors' temporaries
-    assert len(seen) >= 3
+    assert len(seen) == 6
     tape = tg.Tape()
     tape.param(np.zeros(1))
     tg.save(str(tmp_path / "other"), tape)

@@ -170,7 +170,7 @@ def build(source, name="tg"):
             if _valid(lib, summ) and _loads(lib):      # another process built it while we waited
                 log.info("native build %s: built by another process while waiting", os.path.basename(lib))
                 return lib
-            sweep_temporaries(d, f"{name}-{key}.tmp-")
+            sweep_temporaries(d, None, marker=".tmp-")   # every key's: dead builders' folders
             _compile(cc, source, lib, summ, d, f"{name}-{key}.tmp-{os.getpid()}-")
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
@@ -324,10 +324,9 @@ def clear_cache():
     entries = _entries(d)
     for _, _, p in entries:
         _remove(p)
+    sweep_temporaries(d, None, marker=".tmp-")
     for f in os.listdir(d):
-        if ".tmp-" in f:
-            sweep_temporaries(d, f[:f.index(".tmp-") + 5])
-        elif f.endswith(".failed.c"):
+        if f.endswith(".failed.c"):
             _remove(os.path.join(d, f[:-len(".failed.c")] + ".so"))
             os.unlink(os.path.join(d, f))
     log.info("native build cache: cleared %d libraries from %s", len(entries), d)

@@ -22,11 +22,16 @@ import os
 import struct
 import tempfile
 import zipfile
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from ._files import fsync_dir, sweep_temporaries
 from .errors import CheckpointError, ForeignVarError, TapeError
+
+if TYPE_CHECKING:
+    from .optim import Optimizer
+    from .tape import Tape
 
 FORMAT = "tapegrad-checkpoint-2"
 LEGACY = "tapegrad-checkpoint-1"     # the npz format of version 0.1 (loaded, never written)
@@ -53,7 +58,7 @@ def _check_opt(who, tape, opt):
 
 # ── writing ──────────────────────────────────────────────────────────────────
 
-def save(path, tape, opt=None):
+def save(path: "str | os.PathLike[str]", tape: "Tape", opt: "Optional[Optimizer]" = None) -> None:
     """Write every parameter of ``tape`` and ``opt``'s state to ``path`` (safetensors), atomically.
 
     The file appears complete or not at all (a temporary file in the same folder, fsync, rename,
@@ -220,7 +225,7 @@ def _array(path, arrays, name, shape, dtype):
     return a
 
 
-def load(path, tape, opt=None):
+def load(path: "str | os.PathLike[str]", tape: "Tape", opt: "Optional[Optimizer]" = None) -> None:
     """Restore a ``save``d checkpoint into ``tape`` (and ``opt``); checks everything before writing.
 
     A file that is not a readable checkpoint raises ``CheckpointError``; one that does not fit the

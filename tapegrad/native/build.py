@@ -31,6 +31,7 @@ from .._files import sweep_temporaries
 from ..errors import BuildError
 
 log = logging.getLogger("tapegrad")
+log.addHandler(logging.NullHandler())   # silent unless the application configures logging
 
 # -O3 -march=native rather than -O2: vectorised, unswitched loops on this CPU's vector width measured
 # 1.3-1.6x faster episodes on the tiny/small MLPs (the Adam step 3-4x). Still IEEE: no -ffast-math, so
@@ -42,7 +43,7 @@ ENV = "TAPEGRAD_CACHE"
 TIMEOUT_ENV, MAX_ENV, WERROR_ENV = "TAPEGRAD_CC_TIMEOUT", "TAPEGRAD_CACHE_MAX_MB", "TAPEGRAD_WERROR"
 
 
-def flags():
+def flags() -> tuple:
     """The compiler flags: ``FLAGS``, plus ``-Werror`` when ``TAPEGRAD_WERROR=1`` (tests and CI)."""
     return FLAGS + (("-Werror",) if os.environ.get(WERROR_ENV) == "1" else ())
 
@@ -147,7 +148,7 @@ def _loads(lib):
         return False
 
 
-def build(source, name="tg"):
+def build(source: str, name: str = "tg") -> str:
     """Path to the shared library for ``source`` (compiled now unless a valid cached copy exists)."""
     t0 = time.perf_counter()
     cc = find_compiler()
@@ -302,7 +303,7 @@ def _evict(d, keep):
             log.info("native build cache: evicted %s (over $%s)", os.path.basename(p), MAX_ENV)
 
 
-def cache_info():
+def cache_info() -> dict:
     """The build cache: its folder, how many libraries it holds, their bytes, and the size limit.
 
     >>> from tapegrad import native
@@ -315,7 +316,7 @@ def cache_info():
             "limit_bytes": int(_env_number(MAX_ENV, 1024.0) * (1 << 20))}
 
 
-def clear_cache():
+def clear_cache() -> int:
     """Remove every cached library (and stale temporaries); returns how many libraries were removed.
 
     Programs already loaded keep running (the loader holds their code); the next capture rebuilds.

@@ -112,6 +112,7 @@ def program_episodes(backend):
 
 def jitted_episodes(rng):
     import interop
+    interop.jax.config.update("jax_enable_x64", True)   # a script: the float64 program needs JAX's 64-bit mode
     tape, params, opt, sizes, batch = mlp(rng)
     x, y = data(rng, sizes, batch)
     xc, yc = tape.const(x), tape.const(y)

@@ -159,6 +159,7 @@ class Optimizer:
         self.l2 = []
         self._runs = []
         self._where = []   # per parameter: (run, index in run)
+        self._drops = -1   # the tape's parameter-drop count when the parameters were last checked
 
     def add(self, tape, var, l2=0.0):
         """Register one tape parameter with its own L2 coefficient (typically 0 for biases)."""
@@ -230,7 +231,9 @@ class Optimizer:
         """One update from the gradients on the tape; parameters change in place on the tape."""
         if self.tape is None:
             return
-        self.check_params(f"{self.kind}.step")
+        if self._drops != self.tape._params.drops:   # reset_to dropped parameters since the last check
+            self.check_params(f"{self.kind}.step")
+            self._drops = self.tape._params.drops
         self.count += 1
         sc = self.step_scalars(self.count)
         work = []

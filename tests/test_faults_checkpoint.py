@@ -175,6 +175,12 @@ def _meta(fn):
     return _edit(g)
 
 
+def _retype(entry, dtype, shape):
+    """An entry that claims 8 bytes: a valid tensor, of another dtype or shape than the metadata's."""
+    lo = entry["data_offsets"][0]
+    entry.update(dtype=dtype, shape=shape, data_offsets=[lo, lo + 8])
+
+
 CORRUPT = [
     ("empty", _bytes(b""), r"0 bytes, shorter than a safetensors header"),
     ("seven bytes", _bytes(b"\x01" * 7), r"7 bytes"),
@@ -197,8 +203,10 @@ CORRUPT = [
     ("meta count a string", _meta(lambda m: m["optimizer"].update(count="3")), r"metadata lacks or garbles"),
     ("tensor missing", _edit(lambda h: h.pop("params.1")), r"tensor params.1 is missing"),
     ("tensor int dtype", _edit(lambda h: h["params.1"].update(dtype="I64")), r"tensor 'params.1' has a malformed entry"),
-    ("tensor F32 in a float64 file", _edit(lambda h: h["params.1"].update(dtype="F32", data_offsets=[h["params.1"]["data_offsets"][0], h["params.1"]["data_offsets"][0] + 8])), r"tensor params.1 is float32, the metadata says float64"),
-    ("tensor shape differs from meta", _edit(lambda h: h["params.1"].update(shape=[1], data_offsets=[h["params.1"]["data_offsets"][0], h["params.1"]["data_offsets"][0] + 8])), r"tensor params.1 has shape \(1,\), the metadata says \(2,\)"),
+    ("tensor F32 in a float64 file", _edit(lambda h: _retype(h["params.1"], dtype="F32", shape=[2])),
+     r"tensor params.1 is float32, the metadata says float64"),
+    ("tensor shape differs from meta", _edit(lambda h: _retype(h["params.1"], dtype="F64", shape=[1])),
+     r"tensor params.1 has shape \(1,\), the metadata says \(2,\)"),
     ("offsets past the end", _edit(lambda h: h["params.0"].update(data_offsets=[10 ** 6, 10 ** 6 + 48])), r"claims bytes \[1000000"),
     ("offsets not ints", _edit(lambda h: h["params.0"].update(data_offsets=["a", 2])), r"malformed entry"),
     ("shape not a list", _edit(lambda h: h["params.0"].update(shape=3)), r"malformed entry"),
@@ -223,7 +231,8 @@ def _npz(tmp_path, **arrays):
 
 NPZ = [
     ("truncated npz", lambda p: _truncate(-30)(p), r"an unreadable npz \((BadZipFile|EOFError|ValueError|OSError)"),
-    ("pickled object inside", lambda p: np.savez(p, meta=np.array([{"a": 1}], dtype=object)), r"an unreadable npz \(ValueError: Object arrays cannot be loaded when allow_pickle=False"),
+    ("pickled object inside", lambda p: np.savez(p, meta=np.array([{"a": 1}], dtype=object)),
+     r"an unreadable npz \(ValueError: Object arrays cannot be loaded when allow_pickle=False"),
     ("meta not JSON", lambda p: np.savez(p, meta=np.array("{x")), r"an unreadable npz \(JSONDecodeError"),
     ("no meta", lambda p: np.savez(p, param_0=np.ones(2)), r"an unreadable npz \(KeyError"),
     ("wrong legacy format", lambda p: np.savez(p, meta=np.array(json.dumps({"format": "x"}))), r"an unreadable npz \(ValueError: format 'x'"),

@@ -189,6 +189,10 @@ class Program:
         wrong shape, raises and leaves the program unchanged. A data slot (integer indices, a bool mask)
         takes data of its kind and shape, checked by the ops that read it (indices in range).
         """
+        self._put(*self._input(var, array))
+
+    def _input(self, var, array):
+        """``(slot, value)`` for ``set_input`` after every check; nothing is written yet."""
         i = self._slot(var, "set_input")
         op = self.nodes[i][0]
         if op.arity:
@@ -196,17 +200,20 @@ class Program:
                             f"value is computed by the program)")
         a = np.asarray(array)
         if op is O.data:
-            return self._set_data(i, a)
+            return i, self._checked_data(i, a)
         if a.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
             raise DTypeError(f"{at('set_input', i)}: expected float64 or float32 data for {op.name} node {i} "
                              f"(program dtype {self.dtype}), got {a.dtype}; convert with .astype(np.float64)")
         if a.shape != self.shapes[i]:
             raise ShapeError(f"{at('set_input', i)}: expected shape {self.shapes[i]} for {op.name} node {i}, "
                              f"got {a.shape}; a program is static: every episode has the captured shapes")
-        np.copyto(self.val[i], a, casting="unsafe")
+        return i, a
+
+    def _put(self, i, value):
+        np.copyto(self.val[i], value, casting="unsafe")
         self.missing.discard(i)
 
-    def _set_data(self, i, a):
+    def _checked_data(self, i, a):
         have = self.val[i]
         kind = "bool" if have.dtype.kind == "b" else "integer"
         if (a.dtype.kind == "b") != (kind == "bool") or a.dtype.kind not in "biu":
@@ -226,7 +233,7 @@ class Program:
                 except O.Bad as e:
                     raise ShapeError(f"{at('set_input', i)}: data node {i} does not fit {op.name} (node {j}): {e}") \
                         from None
-        np.copyto(have, new)
+        return new
 
     def _ready(self, what):
         if self.missing:
@@ -273,11 +280,12 @@ class Program:
     def episode(self, inputs=None):
         """Set ``inputs`` ({Var: array}), then forward + backward (+ step when attached) in one backend call.
 
-        Returns the loss as a Python float.
+        Returns the loss as a Python float. Every input is checked before any is written: a bad one
+        raises and leaves the program as it was.
         """
         if inputs:
-            for var, array in inputs.items():
-                self.set_input(var, array)
+            for i, value in [self._input(var, array) for var, array in inputs.items()]:
+                self._put(i, value)
         self._ready("episode")
         self.runner.episode()
         return float(self.val[self.loss_id].reshape(-1)[0])

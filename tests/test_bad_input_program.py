@@ -140,6 +140,8 @@ PROGRAM_CASES = [
      r"set_input \(node 0\): this Var is not a node of the captured episode"),
     ("set_input array key", lambda e: e.p.set_input(np.ones(2), np.ones(2)), TypeError,
      r"set_input: expected a Var of the captured tape, got ndarray"),
+    ("episode second input bad", lambda e: e.p.episode({e.x: np.full((4, 3), 9.0), e.b: np.ones(3)}), S,
+     r"set_input \(node 1\): expected shape \(2,\) for param node 1, got \(3,\)"),
     ("episode foreign input", lambda e: e.p.episode({e.late: np.ones(2)}), F,
      r"set_input \(node \d+\): this Var is not a node of the captured episode"),
     ("value after capture", lambda e: e.p.value(e.late), F, r"value \(node \d+\): this Var is not a node of the captured episode"),

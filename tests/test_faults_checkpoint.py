@@ -400,3 +400,12 @@ def test_kill_9_during_saves_always_leaves_a_loadable_checkpoint_and_no_temporar
     tg.save(str(tmp_path / "other"), tape)
     tg.save(path, tape)
     assert leftovers(tmp_path, ".tmp-") == []
+
+
+def test_saving_over_a_folder_is_a_checkpoint_error_and_leaves_nothing(tmp_path):
+    tape, _, opt = model()
+    target = tmp_path / "ck"
+    target.mkdir()
+    with pytest.raises(tg.CheckpointError, match=r"save: cannot write .*ck: Is a directory"):
+        tg.save(str(target), tape, opt)
+    assert sorted(os.listdir(tmp_path)) == ["ck"] and os.listdir(target) == []

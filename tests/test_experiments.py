@@ -50,3 +50,10 @@ def test_reproducibility_claims():
     assert same[("jax.jit + optax", "jax.jit + optax, again")]    # XLA is deterministic run to run
     for name, d in drift.items():
         assert max(d) < 1e-12, (name, max(d))                     # and everyone stays within 1e-12
+
+
+def test_data_parallel_two_processes_two_devices_match_one_process():
+    import data_parallel as D
+    (nproc, ndev, diff, rate), = D.run([(2, 2)], D.QUICK, quiet=True)
+    assert diff <= D.BOUND, diff      # the all-reduce sums per-shard means in another order: not ==
+    assert rate > 0

@@ -676,11 +676,20 @@ def _ancestors(nodes, i):
     return sorted(seen)
 
 
+_OURS = {}   # code object -> whether it is tapegrad's own (a dict lookup beats a string test per frame)
+
+
 def _user_frame():
     f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.startswith(_PKG):
+    while f is not None:
+        code = f.f_code
+        ours = _OURS.get(code)
+        if ours is None:
+            ours = _OURS[code] = code.co_filename.startswith(_PKG)
+        if not ours:
+            return (code, f.f_lineno)
         f = f.f_back
-    return None if f is None else (f.f_code, f.f_lineno)
+    return None
 
 
 def _where(src):

@@ -14,6 +14,8 @@ import warnings
 
 import numpy as np
 
+from tapegrad.errors import ArgumentError, DTypeError
+
 from ._jax import jax, jnp
 
 ALIGN = 64
@@ -70,6 +72,15 @@ def to_jax(array, copy=None):
     if copy not in (None, True, False):
         raise ValueError(f"to_jax: copy must be None, True or False, got {copy!r}")
     a = np.asarray(array)
+    if a.dtype.kind not in _KINDS or a.dtype.itemsize > 16:
+        raise DTypeError(f"to_jax: JAX has no dtype for {a.dtype} arrays (kind {a.dtype.kind!r}); convert them "
+                         f"first, e.g. .astype(np.float64)")
+    if a.dtype.byteorder not in "=|":   # a big-endian file's array: JAX holds native byte order only
+        a = a.astype(a.dtype.newbyteorder("="))
+        if copy is False:
+            raise ValueError(f"to_jax: cannot share a {array.dtype} (non-native byte order) array without a copy; "
+                             f"pass copy=True (or None)")
+        copy = True
     if copy is True:
         return jnp.array(a, copy=True)
     why = _why_not_zero_copy(a)
@@ -96,18 +107,31 @@ def from_jax(x, copy=None):
     """
     if copy not in (None, True, False):
         raise ValueError(f"from_jax: copy must be None, True or False, got {copy!r}")
+    if isinstance(x, jax.core.Tracer):
+        raise ArgumentError(f"from_jax: got a traced {x.dtype}{list(x.shape)} value (inside jit, grad or vmap), "
+                            f"which has no memory to view; call from_jax on concrete arrays outside the "
+                            f"transformation, or use interop.callback / jax_function to run host code inside it")
     if not isinstance(x, jax.Array):
-        raise TypeError(f"from_jax: expected a jax.Array, got {type(x).__name__}")
+        raise ArgumentError(f"from_jax: expected a jax.Array, got {type(x).__name__}")
     if copy is True:
         return np.array(x, copy=True)
-    platforms = {d.platform for d in x.devices()}
-    if platforms == {"cpu"} and x.size:
+    devices = x.devices()
+    platforms = {d.platform for d in devices}
+    dlpack_ok = x.dtype.kind in _KINDS and x.dtype.name not in ("bfloat16",) and not x.dtype.name.startswith("float8")
+    if platforms == {"cpu"} and x.size and len(devices) == 1 and dlpack_ok:
         v = np.from_dlpack(x)
         if v.flags.writeable:  # never hand out a writable window onto an immutable jax.Array
             v = v.view()
             v.flags.writeable = False
         return v
-    why = f"it lives on {sorted(platforms)}" if platforms != {"cpu"} else "it is empty"
+    if platforms != {"cpu"}:
+        why = f"it lives on {sorted(platforms)}"
+    elif len(devices) > 1:
+        why = f"it is sharded over {len(devices)} devices (no single buffer to view)"
+    elif not dlpack_ok:
+        why = f"NumPy cannot import dtype {x.dtype} over DLPack"
+    else:
+        why = "it is empty"
     if copy is False:
         raise ValueError(f"from_jax: cannot view a {x.dtype}{list(x.shape)} array from NumPy without a copy: "
                          f"{why}; pass copy=True (or None)")

@@ -12,6 +12,7 @@ into the program's slots, run the program's own code, and copy the results out.
 """
 import ctypes
 import hashlib
+import logging
 import os
 import threading
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from ._jax import jax, jnp, x64_enabled
 from .callback import host_call
+from .function import first_order
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LOCK = threading.Lock()
@@ -58,6 +60,8 @@ def native_library():
             path = build.build(src, name="tg_xla")
         except (ImportError, BuildError, OSError) as e:
             _LIB["lib"], _LIB["why"] = None, f"{type(e).__name__}: {e}"
+            logging.getLogger("tapegrad").info("interop: the native FFI handler is unavailable, programs run "
+                                               "through the host callback instead (%s)", _LIB["why"])
             return None
         lib = ctypes.CDLL(path)
         lib.tg_load.argtypes, lib.tg_load.restype = [ctypes.c_void_p], ctypes.c_int
@@ -93,7 +97,30 @@ def load(program):
     if lib[0].tg_load(arr.ctypes.data) != 0:
         raise MemoryError("load: tg_load could not allocate its table entry")
     _PINNED[h] = (program, program.opt, program.runner)
+    program.__dict__.setdefault("_ffi_hashes", set()).add(h)
+    hooks = program.__dict__.setdefault("_attach_hooks", [])
+    if _reattached not in hooks:
+        hooks.append(_reattached)
     return h
+
+
+def _reattached(program):
+    """``program.attach`` replaced the optimizer state buffers the native table points into.
+
+    The entry under the program's hash is re-pointed at the new buffers (a jitted step keeps working,
+    on the new state); entries under hashes the program no longer has (another optimizer config) are
+    dropped, so executables traced for the old configuration fail with an error instead of running on
+    stale state.
+    """
+    now = program.hash64
+    hashes = program.__dict__.get("_ffi_hashes", set())
+    for h in sorted(hashes):
+        if h != now:
+            unload(h)
+            _PINNED.pop(h, None)
+            hashes.discard(h)
+    if now in hashes:
+        load(program)
 
 
 def unload(program_or_hash):
@@ -310,7 +337,7 @@ def program_call(program, *, native=None):
     def run(*xs):
         xs = tuple(jnp.asarray(x) for x in xs)
         check(xs)
-        return f(*_align_varying(xs))
+        return first_order(f, "program_call", _align_varying(xs))
 
     run.program, run.native = program, native
     return run

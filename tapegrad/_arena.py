@@ -118,12 +118,14 @@ class ParamStore:
         self.vals, self.grads = [], []
         self._first = first
         self.si, self.off = -1, 0
+        self.drops = 0
 
     @property
     def pos(self):
         return (self.si, self.off)
 
     def rewind(self, pos):
+        self.drops += 1      # parameters were dropped: holders of parameter slots re-check theirs
         self.si, self.off = pos
         for v, g in zip(self.vals[max(self.si, 0):], self.grads[max(self.si, 0):]):
             lo = self.off if v is self.vals[self.si] else 0

@@ -31,7 +31,7 @@ import numpy as np
 
 from . import ops as O
 from ._arena import aligned_copy, aligned_empty, readonly, slab_views
-from .errors import DTypeError, ForeignVarError, LazyValueError, ShapeError, TapeError, at
+from .errors import ConfigError, DTypeError, ForeignVarError, LazyValueError, ShapeError, TapeError, at
 from .tape import Var
 
 BACKENDS = ("numpy", "native")
@@ -51,7 +51,7 @@ def capture(tape, loss, backend="numpy", dtype="float64", fuse=True):
     order) and within a few ulp for "libm" and "blas" ops (see ``tests/test_native.py``).
     """
     if backend not in BACKENDS:
-        raise ValueError(f"capture: backend must be one of {BACKENDS}, got {backend!r}")
+        raise ConfigError(f"capture: backend must be one of {BACKENDS}, got {backend!r}")
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise DTypeError(f"capture: dtype must be float64 or float32, got {dt}")
@@ -210,6 +210,10 @@ class Program:
         wrong shape, raises and leaves the program unchanged. A data slot (integer indices, a bool mask)
         takes data of its kind and shape, checked by the ops that read it (indices in range).
         """
+        self._put(*self._input(var, array))
+
+    def _input(self, var, array):
+        """``(slot, value)`` for ``set_input`` after every check; nothing is written yet."""
         i = self._slot(var, "set_input")
         op = self.nodes[i][0]
         if op.arity:
@@ -217,17 +221,20 @@ class Program:
                             f"value is computed by the program)")
         a = np.asarray(array)
         if op is O.data:
-            return self._set_data(i, a)
+            return i, self._checked_data(i, a)
         if a.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
             raise DTypeError(f"{at('set_input', i)}: expected float64 or float32 data for {op.name} node {i} "
                              f"(program dtype {self.dtype}), got {a.dtype}; convert with .astype(np.float64)")
         if a.shape != self.shapes[i]:
             raise ShapeError(f"{at('set_input', i)}: expected shape {self.shapes[i]} for {op.name} node {i}, "
                              f"got {a.shape}; a program is static: every episode has the captured shapes")
-        np.copyto(self.val[i], a, casting="unsafe")
+        return i, a
+
+    def _put(self, i, value):
+        np.copyto(self.val[i], value, casting="unsafe")
         self.missing.discard(i)
 
-    def _set_data(self, i, a):
+    def _checked_data(self, i, a):
         have = self.val[i]
         kind = "bool" if have.dtype.kind == "b" else "integer"
         if (a.dtype.kind == "b") != (kind == "bool") or a.dtype.kind not in "biu":
@@ -247,7 +254,7 @@ class Program:
                 except O.Bad as e:
                     raise ShapeError(f"{at('set_input', i)}: data node {i} does not fit {op.name} (node {j}): {e}") \
                         from None
-        np.copyto(have, new)
+        return new
 
     def _ready(self, what):
         if self.missing:
@@ -282,6 +289,8 @@ class Program:
             self._slot(v, "attach")
         self.opt = _Opt(optimizer, self)
         self.runner.attached()
+        for hook in self.__dict__.get("_attach_hooks", ()):   # e.g. interop re-points its FFI table entry
+            hook(self)
 
     def step(self):
         """One optimizer update of the program's parameters from the program's gradients."""
@@ -292,11 +301,12 @@ class Program:
     def episode(self, inputs=None):
         """Set ``inputs`` ({Var: array}), then forward + backward (+ step when attached) in one backend call.
 
-        Returns the loss as a Python float.
+        Returns the loss as a Python float. Every input is checked before any is written: a bad one
+        raises and leaves the program as it was.
         """
         if inputs:
-            for var, array in inputs.items():
-                self.set_input(var, array)
+            for i, value in [self._input(var, array) for var, array in inputs.items()]:
+                self._put(i, value)
         self._ready("episode")
         self.runner.episode()
         return float(self.val[self.loss_id].reshape(-1)[0])
@@ -331,11 +341,26 @@ class Program:
         """Write the program's parameters back into the tape (and its optimizer's state, if given)."""
         if tape is not self._tape():
             raise ForeignVarError("sync_params: not the tape this program was captured from")
-        for k in self.params:
-            if k < len(tape) and tape._nodes[k].op is O.param and tape._val[k] is not None:
-                np.copyto(tape._val[k], self.val[k], casting="unsafe")
+        for k in self.params:   # every target checked before anything is written
+            nd = tape._nodes[k] if k < len(tape) else None
+            if nd is None or nd.op is not O.param or nd.epoch != self.epochs[k] or nd.shape != self.shapes[k]:
+                raise ForeignVarError(f"{at('sync_params', k)}: the captured parameter node {k} {self.shapes[k]} is no "
+                                      f"longer on the tape (reset_to dropped it; node {k} is now "
+                                      f"{'absent' if nd is None else f'a {nd.op.name} {nd.shape}'}); sync before "
+                                      f"resetting past the capture")
         if optimizer is not None:
-            optimizer.load_state_dict(self.optimizer_state())
+            if optimizer.tape is not None and optimizer.tape is not tape:
+                raise ForeignVarError("sync_params: the optimizer serves another tape")
+            optimizer.check_params("sync_params")
+            if self.opt is None or [v.id for v in optimizer.params] != self.opt.ids or optimizer.kind != self.opt.kind:
+                raise TapeError(f"sync_params: the optimizer ({optimizer.kind}, parameters "
+                                f"{[v.id for v in optimizer.params]}) is not the one attached to the program "
+                                f"({None if self.opt is None else (self.opt.kind, self.opt.ids)})")
+            state = self.optimizer_state()
+            optimizer.load_state_dict(state)
+        for k in self.params:
+            if tape._val[k] is not None:
+                np.copyto(tape._val[k], self.val[k], casting="unsafe")
 
     def optimizer_state(self):
         """The attached optimizer's state (``count``, and Adam's ``mu``/``nu`` copies) as the tape's form."""

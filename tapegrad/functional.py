@@ -9,7 +9,7 @@ from . import ops as O
 from . import ops_index as OX
 from .ops import Bad, check_axes
 from .tape import Var
-from .errors import ArgumentError, ShapeError, at
+from .errors import ArgumentError, DTypeError, ShapeError, TapeError, at
 
 
 def _tape(*xs):
@@ -19,14 +19,21 @@ def _tape(*xs):
     raise TypeError(f"expected at least one Var among {[type(x).__name__ for x in xs]}")
 
 
-def _var(x, tape):
+def _var(x, tape, opname="const", arg="b"):
     """A Var for a float operand ``x``: Vars pass through, arrays become constants on ``tape`` (integer
     and bool arrays are converted to the tape's dtype here, as NumPy promotes them in arithmetic)."""
     if isinstance(x, Var):
         return x
-    if not isinstance(x, np.ndarray) or x.dtype.kind in "biu":
-        x = np.asarray(x, dtype=tape.dtype)
-    return tape.const(x)
+    return tape.const(_real(x, tape, opname, arg))
+
+
+def _real(x, tape, opname, arg):
+    """``x`` as a float array for a float operand; DTypeError naming the op and argument otherwise."""
+    a = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if a.dtype.kind not in "fbiu":
+        raise DTypeError(f"{at(opname, len(tape))}: argument {arg} must be a Var or real numbers, got "
+                         f"{type(x).__name__} of dtype {a.dtype}")
+    return a.astype(tape.dtype) if not isinstance(x, np.ndarray) or a.dtype.kind in "biu" else a
 
 
 def _data(x, tape, kind="i", opname="", arg=""):
@@ -55,7 +62,7 @@ def _binary(op, scalar_rule, a, b):
         return scalar_rule(b, float(a), True)
     tape = _tape(a, b)
     with tape._lifted():
-        return tape.apply(op, _var(a, tape), _var(b, tape))
+        return tape.apply(op, _var(a, tape, op.name, "a"), _var(b, tape, op.name, "b"))
 
 
 def _adds(v, s, flip):
@@ -127,6 +134,11 @@ def power(a, p):
 
 
 def _axes(opname, a, axis, keepdims):
+    ok = axis is None or isinstance(axis, (int, np.integer)) or (
+        isinstance(axis, (tuple, list)) and builtins.all(isinstance(k, (int, np.integer)) for k in axis))
+    if not ok or isinstance(axis, bool):
+        raise ShapeError(f"{at(opname, len(a.tape))}: axis must be an int, a tuple of ints or None, got "
+                         f"{type(axis).__name__} {axis!r}")
     try:
         return (check_axes(a.shape, axis), bool(keepdims))
     except Bad as e:
@@ -134,12 +146,19 @@ def _axes(opname, a, axis, keepdims):
 
 
 def _reduce(op):
-    def f(a, axis=None, keepdims=False):
+    def f(a, axis=None, keepdims=False, dtype=None, out=None):
         if a.id < 0:
             return a
         try:
+            if dtype is not None or out is not None:  # np.sum(var) passes both (as None)
+                raise ArgumentError(f"{at(op.name, len(a.tape))}: dtype= and out= are not supported on a Var, "
+                                    f"got dtype={dtype!r}, out={type(out).__name__}")
             s = _axes(op.name, a, axis, keepdims)
-        except ShapeError as e:
+            axes = range(a.ndim) if s[0] is None else s[0]
+            if op.name == "max" and builtins.any(a.shape[k] == 0 for k in axes):
+                raise ShapeError(f"{at(op.name, len(a.tape))}: max over an empty axis of shape {a.shape} has no "
+                                 f"value (no identity); reduce over non-empty axes")
+        except (ShapeError, ArgumentError) as e:
             return a.tape._fail(e)
         return a.tape.apply(op, a, None, s)
     f.__name__ = op.name
@@ -164,6 +183,15 @@ def transpose(a, axes=None):
     """Permute axes (default: reverse them), as ``numpy.transpose``."""
     if a.id < 0:
         return a
+    if axes is not None:
+        try:
+            axes = tuple(axes)
+        except TypeError:
+            axes = (axes,)
+        if not builtins.all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) and -a.ndim <= k < a.ndim
+                            for k in axes):
+            return a.tape._fail(ShapeError(f"{at('transpose', len(a.tape))}: axes must be ints in [-{a.ndim}, "
+                                           f"{a.ndim}) for an input of shape {a.shape}, got {axes!r}"))
     axes = tuple(reversed(range(a.ndim))) if axes is None else tuple(int(k) % builtins.max(a.ndim, 1) for k in axes)
     return a.tape.apply(O.transpose, a, None, axes)
 
@@ -173,6 +201,9 @@ def reshape(a, *shape):
     if a.id < 0:
         return a
     shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
+    if not builtins.all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
+        return a.tape._fail(ShapeError(f"{at('reshape', len(a.tape))}: the new shape must be ints, got {shape!r} "
+                                       f"(non-integers such as 2.9 are never truncated)"))
     shape = tuple(int(n) for n in shape)
     if shape.count(-1) == 1:
         rest = math.prod([n for n in shape if n != -1])
@@ -205,13 +236,19 @@ softmax, log_softmax = _axis_op(O.softmax), _axis_op(O.logsoftmax)
 def concat(xs, axis=0):
     """Join Vars along ``axis`` (a chain of binary ``concat`` nodes)."""
     xs = list(xs)
-    out = xs[0]
-    for x in xs[1:]:
-        if out.id < 0:
-            return out
-        nd = builtins.max(out.ndim, 1)
-        out = out.tape.apply(O.concat, out, x, int(axis) % nd if -nd <= axis < nd else axis)
-    return out
+    if not xs or not builtins.any(isinstance(x, Var) for x in xs):
+        raise ArgumentError(f"concat: expected a non-empty sequence with at least one Var, got "
+                            f"{[type(x).__name__ for x in xs]}")
+    tape = _tape(*xs)
+    with tape._lifted():   # a failing join takes the constants and joins before it along
+        xs = [_var(x, tape, "concat", f"xs[{k}]") for k, x in enumerate(xs)]
+        out = xs[0]
+        for x in xs[1:]:
+            if out.id < 0:
+                return out
+            nd = builtins.max(out.ndim, 1)
+            out = tape.apply(O.concat, out, x, int(axis) % nd if -nd <= axis < nd else axis)
+        return out
 
 
 def getitem(a, key):
@@ -308,14 +345,20 @@ def softmax_cross_entropy(logits, targets, axis=-1):
     ``targets`` (one-hot or any distribution per row) may be a Var or an array.
     """
     tape = _tape(logits, targets)
-    logits, targets = _var(logits, tape), _var(targets, tape)
-    if logits.id < 0 or targets.id < 0:
-        return logits if logits.id < 0 else targets
-    nd = builtins.max(logits.ndim, 1)
-    if not isinstance(axis, (int, np.integer)) or not -nd <= axis < nd:
+    if isinstance(logits, Var):
+        if logits.id < 0:
+            return logits
+        try:
+            tape._index(logits, "softmax_xent", "a")
+        except TapeError as e:
+            return tape._fail(e)
+    nd = builtins.max(logits.ndim if isinstance(logits, Var) else np.ndim(logits), 1)
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -nd <= axis < nd:
         return tape._fail(ShapeError(f"{at('softmax_xent', len(tape))}: axis {axis!r} is out of range for "
-                                     f"logits of shape {logits.shape}"))
-    return tape.apply(O.softmax_xent, logits, targets, int(axis) % nd)
+                                     f"logits of rank {nd}"))
+    with tape._lifted():
+        logits, targets = _var(logits, tape, "softmax_xent", "a"), _var(targets, tape, "softmax_xent", "b")
+        return tape.apply(O.softmax_xent, logits, targets, int(axis) % nd)
 
 
 def _install():

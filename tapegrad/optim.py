@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from .errors import TapeError
+from .errors import ConfigError, ForeignVarError, TapeError
 
 CLIP_MODES = ("optax", "seed", "torch")
 
@@ -147,11 +147,11 @@ class Optimizer:
 
     def __init__(self, lr, *, clip=None, clip_mode="optax"):
         if clip_mode not in CLIP_MODES:
-            raise ValueError(f"{self.kind}: clip_mode must be one of {CLIP_MODES}, got {clip_mode!r}")
-        if clip is not None and not clip > 0:
-            raise ValueError(f"{self.kind}: clip (the max global norm) must be > 0, got {clip!r}")
-        self.lr = float(lr)
-        self.clip = None if clip is None else float(clip)
+            raise ConfigError(f"{self.kind}: clip_mode must be one of {CLIP_MODES}, got {clip_mode!r}")
+        self.lr = _number(self.kind, "lr (the learning rate)", lr, 0.0, math.inf)
+        if clip is not None:
+            clip = _number(self.kind, "clip (the max global norm)", clip, 0.0, math.inf, lo_open=True)
+        self.clip = clip
         self.clip_mode = clip_mode
         self.count = 0
         self.tape = None
@@ -159,12 +159,15 @@ class Optimizer:
         self.l2 = []
         self._runs = []
         self._where = []   # per parameter: (run, index in run)
+        self._drops = -1   # the tape's parameter-drop count when the parameters were last checked
 
     def add(self, tape, var, l2=0.0):
         """Register one tape parameter with its own L2 coefficient (typically 0 for biases)."""
         if self.tape is not None and tape is not self.tape:
             raise TapeError(f"{self.kind}.add: this optimizer already serves another tape")
         i = tape._index(var, f"{self.kind}.add", "var")
+        l2 = _number(f"{self.kind}.add (node {i})", "l2", l2, 0.0, math.inf)
+        self.check_params(f"{self.kind}.add")
         if tape._nodes[i].op.name != "param":
             raise TapeError(f"{self.kind}.add (node {i}): expected a param, got a {tape._nodes[i].op.name} node")
         if any(p.id == i for p in self.params):
@@ -178,6 +181,15 @@ class Optimizer:
             for k, a in enumerate(old[key]):
                 np.copyto(self._state(key)[k], a)
         return var
+
+    def check_params(self, who):
+        """Raise ``ForeignVarError`` if ``reset_to`` dropped a registered parameter (its slot may now hold
+        another one): the optimizer would update the wrong memory."""
+        nodes = self.tape._nodes if self.tape is not None else ()
+        for k, v in enumerate(self.params):
+            if v.id >= len(nodes) or nodes[v.id].epoch != v.epoch:
+                raise ForeignVarError(f"{who}: parameter {k} (node {v.id}) was dropped by reset_to; register "
+                                      f"parameters before tape.mark() (or build a new optimizer after the reset)")
 
     def _layout(self):
         tape = self.tape
@@ -219,6 +231,9 @@ class Optimizer:
         """One update from the gradients on the tape; parameters change in place on the tape."""
         if self.tape is None:
             return
+        if self._drops != self.tape._params.drops:   # reset_to dropped parameters since the last check
+            self.check_params(f"{self.kind}.step")
+            self._drops = self.tape._params.drops
         self.count += 1
         sc = self.step_scalars(self.count)
         work = []
@@ -273,6 +288,20 @@ class Optimizer:
         return ()
 
 
+def _number(who, name, x, lo, hi, lo_open=False, hi_open=False):
+    """``x`` as a float inside [lo, hi] (open ends where asked); ConfigError naming ``name`` otherwise."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{who}: {name} must be a real number, got {type(x).__name__} {x!r}") from None
+    if not (lo < v if lo_open else lo <= v) or not (v < hi if hi_open else v <= hi) or math.isnan(v):
+        want = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+        raise ConfigError(f"{who}: {name} must be a finite number in {want}, got {x!r}")
+    if math.isinf(v):
+        raise ConfigError(f"{who}: {name} must be finite, got {x!r}")
+    return v
+
+
 def sum_in_order(xs):
     total = 0.0
     for x in xs:
@@ -313,9 +342,13 @@ class Adam(Optimizer):
 
     def __init__(self, lr, b1=0.9, b2=0.999, eps=1e-8, *, eps_mode="optax", clip=None, clip_mode="optax"):
         if eps_mode not in ("optax", "hat"):
-            raise ValueError(f"Adam: eps_mode must be 'optax' or 'hat', got {eps_mode!r}")
+            raise ConfigError(f"Adam: eps_mode must be 'optax' or 'hat', got {eps_mode!r}")
         super().__init__(lr, clip=clip, clip_mode=clip_mode)
-        self.b1, self.b2, self.eps, self.eps_mode = float(b1), float(b2), float(eps), eps_mode
+        # b1, b2 = 1 divide by 1 − bᵗ = 0 (every parameter becomes NaN); eps = 0 divides 0/0 at g = 0.
+        self.b1 = _number("Adam", "b1", b1, 0.0, 1.0, hi_open=True)
+        self.b2 = _number("Adam", "b2", b2, 0.0, 1.0, hi_open=True)
+        self.eps = _number("Adam", "eps", eps, 0.0, math.inf, lo_open=True)
+        self.eps_mode = eps_mode
 
     @property
     def mu(self):

@@ -9,13 +9,26 @@ import numpy as np
 
 from . import ops as O
 from ._arena import Arena, ParamStore, aligned_copy, aligned_empty, readonly
-from .errors import (ArgumentError, DomainError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError,
-                     ShapeError, TapeError, at)
+from .errors import (ArgumentError, ConfigError, DomainError, DTypeError, ForeignVarError, LazyValueError,
+                     NonFiniteError, ShapeError, TapeError, at)
 
 _PKG = os.path.dirname(os.path.abspath(__file__))
-_UNBROADCAST = {}  # (contribution shape, input shape) -> (axes to sum, reduced shape)
-_ONES = {}    # (shape, dtype) -> the backward seed of a scalar loss
-_SHAPES = {}  # (op, a_shape, b_shape, s) -> out shape: shape rules run once per distinct call
+
+
+class _Memo(dict):
+    """A memo table that forgets everything when full: keys may hold scalar operands (a learning-rate
+    schedule, a temperature) or shapes that change every step, and must not grow without bound."""
+    LIMIT = 4096
+
+    def __setitem__(self, key, value):
+        if len(self) >= self.LIMIT:
+            self.clear()
+        dict.__setitem__(self, key, value)
+
+
+_UNBROADCAST = _Memo()  # (contribution shape, input shape) -> (axes to sum, reduced shape)
+_ONES = _Memo()    # (shape, dtype) -> the backward seed of a scalar loss
+_SHAPES = _Memo()  # (op, a_shape, b_shape, s) -> out shape: shape rules run once per distinct call
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 _INT = np.dtype(np.int64)   # integer data is held as int64, bool data as bool
 _DATA_NAMES = {"b": "bool data", "i": "integer data", "u": "integer data"}
@@ -76,7 +89,10 @@ class Var:
     def __repr__(self):
         if self.id < 0:
             return "<Var poisoned>"
-        return f"<Var node {self.id}: {self.tape._nodes[self.id].op.name} {self.shape}>"
+        nodes = self.tape._nodes
+        if self.id >= len(nodes) or nodes[self.id].epoch != self.epoch:
+            return f"<Var node {self.id}: dropped by reset_to>"
+        return f"<Var node {self.id}: {nodes[self.id].op.name} {self.shape}>"
 
     @property
     def shape(self):
@@ -139,7 +155,7 @@ class Tape:
         if dtype not in _DTYPES:
             raise DTypeError(f"Tape: dtype must be float64 or float32, got {dtype}")
         if on_error not in ("raise", "poison"):
-            raise ValueError(f"Tape: on_error must be 'raise' or 'poison', got {on_error!r}")
+            raise ConfigError(f"Tape: on_error must be 'raise' or 'poison', got {on_error!r}")
         self.dtype = dtype
         self.poison = on_error == "poison"
         self.check_finite = check_finite
@@ -158,6 +174,7 @@ class Tape:
         self._tmp = Arena(dtype)      # forward scratch, rewound after every op
         self._params = ParamStore(dtype)
         self._arena_grads = []
+        self._dropped = False  # drop_consts ran: backward checks that the values it reads exist
         self._floor = None    # the last mark: constants after it live in the value arena
 
     # ── leaves ───────────────────────────────────────────────────────────────
@@ -197,7 +214,8 @@ class Tape:
         if isinstance(array, Var):
             raise TypeError(f"{at(name, len(self))}: expected an array, got a Var (use it directly)")
         if not isinstance(array, np.ndarray):
-            array = np.asarray(array, dtype=self.dtype if not isinstance(array, np.generic) else None)
+            raw = np.asarray(array)   # complex, str, None: no float() here; the dtype check names them
+            array = raw.astype(self.dtype) if raw.dtype.kind in "fbiu" and not isinstance(array, np.generic) else raw
         if op is O.const and array.dtype.kind in "biu":
             return self._data(array)
         if array.dtype.kind != "f" or array.dtype not in _DTYPES:
@@ -472,6 +490,7 @@ class Tape:
         their own copies, and parameters stay.
         """
         freed = 0
+        self._dropped = True
         for i, n in enumerate(self._nodes):
             if n.op is O.const and self._val[i] is not None:
                 freed += self._val[i].nbytes if n.pos is None else 0
@@ -510,13 +529,17 @@ class Tape:
                 seed = _ONES[(shape, self.dtype)] = np.ones(shape, self.dtype)
         else:
             seed = np.asarray(seed)
+            if seed.dtype.kind not in "fiu":
+                self._fail(DTypeError(f"{at('backward', i)}: seed must hold real numbers, got {seed.dtype}"))
+                return False
             if seed.shape != shape:
                 self._fail(ShapeError(f"{at('backward', i)}: seed must have the loss's shape {shape}, got "
                                       f"{seed.shape}"))
                 return False
-        if self._nodes[i].lazy:
+        if self._nodes[i].lazy or (self._dropped and any(self._val[k] is None for k in _ancestors(self._nodes, i))):
             self._fail(LazyValueError(self._no_value(i, "gradient")))
             return False
+        self._recycle_scratch()
         self._pass += 1
         self._accumulate(i, seed)
         self._sweep(i)
@@ -526,6 +549,17 @@ class Tape:
                 self._fail(NonFiniteError(str(bad)))
                 return False
         return True
+
+    def _recycle_scratch(self):
+        """Before a second backward without ``reset_to``: move the gradients that live in the scratch arena
+        to their own buffers (values kept) and rewind it, so repeated backwards (gradient accumulation,
+        Jacobian rows) reuse the same scratch instead of growing it every call."""
+        if self._pass < self._since:
+            return
+        for j in self._arena_grads:
+            self._grad[j] = aligned_copy(self._grad[j], self.dtype)
+        self._arena_grads = []
+        self._grads.rewind()
 
     def _sweep(self, top):
         nodes, vals, grads, gpass, ws = self._nodes, self._val, self._grad, self._gpass, self._grads

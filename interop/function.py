@@ -9,8 +9,11 @@ from ._jax import jax
 from .callback import host_call
 
 
-class TransformError(TypeError):
-    """A JAX transformation that a tape-backed function cannot support (forward mode, grad of grad)."""
+class TransformError(tg.TapeError, TypeError):
+    """A JAX transformation that a tape-backed function cannot support (forward mode, grad of grad).
+
+    Part of tapegrad's error family: ``except tapegrad.TapeError`` catches it too.
+    """
 
 
 def jax_function(build, *, vmap_method="sequential"):

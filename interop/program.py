@@ -17,6 +17,8 @@ import threading
 
 import numpy as np
 
+from tapegrad.errors import TapeError
+
 from ._jax import jax, jnp
 from .callback import host_call
 
@@ -28,8 +30,11 @@ _HOST_LOCKS = {}   # id(program) -> (program, lock) for the host-callback path
 TARGETS = ("value", "value_and_grad", "episode", "episode_flat")
 
 
-class ProgramError(ValueError):
-    """A program call with the wrong arguments (count, shape, dtype) or a program that cannot be used."""
+class ProgramError(TapeError, ValueError):
+    """A program call with the wrong arguments (count, shape, dtype) or a program that cannot be used.
+
+    Part of tapegrad's error family: ``except tapegrad.TapeError`` catches it too.
+    """
 
 
 # ── the native library ───────────────────────────────────────────────────────

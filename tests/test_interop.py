@@ -149,3 +149,14 @@ def test_jax_function_float32_and_bad_dtypes():
     close(g, jax.grad(_mlp_ref, 1)(X, W, B), rtol=1e-5)
     with pytest.raises(TypeError, match="float32/float64"):
         F(X.astype(np.int32), W, B)
+
+
+def test_interop_errors_belong_to_the_tapegrad_family():
+    with pytest.raises(tg.TapeError, match="not supported") as e:
+        jax.jvp(F, (X, W, B), (X, W, B))
+    assert isinstance(e.value, TransformError) and isinstance(e.value, TypeError)
+    tape = tg.Tape()
+    w = tape.param(np.ones(2))
+    with pytest.raises(tg.TapeError, match="attach an optimizer") as e:
+        interop.program_episode(tg.capture(tape, (w * w).sum()))
+    assert isinstance(e.value, interop.ProgramError) and isinstance(e.value, ValueError)

@@ -107,6 +107,10 @@ class Program:
         self.compute = [k for k in range(n) if self.nodes[k][0].arity]
         self.params = [k for k in range(n) if self.nodes[k][0] is O.param]
         self.consts = [k for k in range(n) if self.nodes[k][0] is O.const]
+        named = {v.id: name for name, v in tape.names().items()}
+        # every parameter's name, in registration order: its tape name, else param_<k>
+        self.param_names = [named.get(i, f"param_{k}") for k, i in enumerate(self.params)]
+        self._by_name = dict(zip(self.param_names, self.params))
         self.val = [None] * n
         self.missing = set()
         for k in range(n):
@@ -167,16 +171,30 @@ class Program:
     # ── slots ────────────────────────────────────────────────────────────────
 
     def _slot(self, var, what):
+        if isinstance(var, str):
+            i = self._by_name.get(var)
+            if i is None:
+                raise ForeignVarError(f"{what}: the program has no parameter named {var!r}; its parameters are "
+                                      f"{self.param_names}")
+            return i
         if type(var) is not Var:
-            raise TypeError(f"{what}: expected a Var of the captured tape, got {type(var).__name__}")
+            raise TypeError(f"{what}: expected a Var of the captured tape or a parameter name, got "
+                            f"{type(var).__name__}")
         i = var.id
         if var.tape is not self._tape() or not 0 <= i < len(self.nodes) or var.epoch != self.epochs[i]:
             raise ForeignVarError(f"{at(what, i)}: this Var is not a node of the captured episode (another tape, "
                                   f"or created after the capture); pass the Vars the captured episode used")
         return i
 
+    def _label(self, i):
+        """``param 'W1' node 3`` (named parameters) or ``const node 5``: how messages name a slot."""
+        op = self.nodes[i][0].name
+        return f"{op} {self.param_names[self.params.index(i)]!r} node {i}" if op == "param" else f"{op} node {i}"
+
     def set_input(self, var, array):
         """Fresh values for a constant (a minibatch, a lazy constant) or a parameter; copied in.
+
+        ``var``: a Var of the captured episode, or a parameter's name (``tape.param(..., name=)``).
 
         Float32 and float64 data are accepted (converted to the program's dtype); anything else, or a
         wrong shape, raises and leaves the program unchanged.
@@ -188,10 +206,10 @@ class Program:
                             f"value is computed by the program)")
         a = np.asarray(array)
         if a.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
-            raise DTypeError(f"{at('set_input', i)}: expected float64 or float32 data for {op.name} node {i} "
+            raise DTypeError(f"{at('set_input', i)}: expected float64 or float32 data for {self._label(i)} "
                              f"(program dtype {self.dtype}), got {a.dtype}; convert with .astype(np.float64)")
         if a.shape != self.shapes[i]:
-            raise ShapeError(f"{at('set_input', i)}: expected shape {self.shapes[i]} for {op.name} node {i}, "
+            raise ShapeError(f"{at('set_input', i)}: expected shape {self.shapes[i]} for {self._label(i)}, "
                              f"got {a.shape}; a program is static: every episode has the captured shapes")
         np.copyto(self.val[i], a, casting="unsafe")
         self.missing.discard(i)
@@ -255,11 +273,11 @@ class Program:
         return readonly(self.val[self.loss_id])
 
     def value(self, var):
-        """A read-only view of a node's value in the program."""
+        """A read-only view of a node's value in the program (``var``: a Var, or a parameter's name)."""
         return readonly(self.val[self._slot(var, "value")])
 
     def grad(self, var):
-        """A read-only view of d loss/d var (zeros for nodes backward does not reach)."""
+        """A read-only view of d loss/d var (zeros for nodes backward does not reach); ``var`` may be a name."""
         i = self._slot(var, "grad")
         g = self.grad_buf(i)
         return readonly(g)
@@ -310,7 +328,7 @@ class Program:
                     raise TapeError(f"load_optimizer_state: expected {len(o.ids)} '{key}' arrays")
                 for k, a in enumerate(arrays):
                     if np.shape(a) != self.shapes[o.ids[k]]:
-                        raise ShapeError(f"load_optimizer_state: {key}[{k}] must have shape "
+                        raise ShapeError(f"load_optimizer_state: {key}[{k}] ({self._label(o.ids[k])}) must have shape "
                                          f"{self.shapes[o.ids[k]]}, got {np.shape(a)}")
             for key in ("mu", "nu"):
                 for have, new in zip(getattr(o, key), state[key]):

@@ -155,12 +155,24 @@ class Tape:
         self._params = ParamStore(dtype)
         self._arena_grads = []
         self._floor = None    # the last mark: constants after it live in the value arena
+        self._names = {}      # parameter name -> its Var (entries of dropped nodes are stale, see names())
 
     # ── leaves ───────────────────────────────────────────────────────────────
 
-    def param(self, array):
-        """Register a trainable parameter; the array is copied into tape-owned aligned memory."""
-        return self._leaf(O.param, array, "param")
+    def param(self, array, name=None):
+        """Register a trainable parameter; the array is copied into tape-owned aligned memory.
+
+        ``name`` (optional, unique among the tape's live parameters): how captured programs,
+        episode states, checkpoints and reports refer to it, e.g. ``program.value("W1")``.
+        """
+        if name is not None:
+            bad = self._bad_name(name)
+            if bad:
+                return self._fail(ArgumentError(f"{at('param', len(self))}: {bad}"))
+        var = self._leaf(O.param, array, "param")
+        if name is not None and var.id >= 0:
+            self._names[name] = var
+        return var
 
     def const(self, array):
         """Register a constant (no gradient flows into it); copied in like ``param``."""
@@ -331,6 +343,37 @@ class Tape:
 
     def __len__(self):
         return len(self._nodes)
+
+    # ── parameter names ──────────────────────────────────────────────────────
+
+    def names(self):
+        """``{name: Var}`` of the named parameters still on the tape, in registration order.
+
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape(); w = tape.param(np.ones(2), name="W1")
+        >>> tape.names()
+        {'W1': <Var node 0: param (2,)>}
+        """
+        live = {n: v for n, v in self._names.items() if self._live(v)}
+        return dict(sorted(live.items(), key=lambda item: item[1].id))
+
+    def name_of(self, v):
+        """The name ``v`` was registered with (``param(..., name=)``), or None."""
+        i = self._index(v, "name_of", "v")
+        return next((n for n, w in self._names.items() if w.id == i and self._live(w)), None)
+
+    def _live(self, v):
+        return v.id < len(self._nodes) and self._nodes[v.id].epoch == v.epoch
+
+    def _bad_name(self, name):
+        if not isinstance(name, str) or not name or name != name.strip():
+            return f"name must be a non-empty string without surrounding spaces, got {name!r}"
+        if name.startswith("param_") and name[6:].isdigit():
+            return f"name {name!r} is reserved: unnamed parameters are called param_<k> (k = registration index)"
+        old = self._names.get(name)
+        if old is not None and self._live(old):
+            return f"name {name!r} is already taken by node {old.id}; parameter names are unique per tape"
+        return None
 
     @property
     def nodes(self):

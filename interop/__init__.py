@@ -19,10 +19,11 @@ from .dlpack import CopyWarning, cupy_to_jax, from_jax, jax_to_cupy, to_jax
 from .function import TransformError, jax_function
 from .oracle import Divergence, GradReport, UnsupportedPrimitiveError, check_grads
 from .parity import ParityReport, compare_with_optax, optax_chain
-from .program import (ProgramError, episode_state, program_call, program_episode, program_inputs,
-                      unflatten_state)
+from .program import (ProgramError, SGDState, episode_state, flatten_state, program_call, program_episode,
+                      program_inputs, unflatten_state)
 
 __all__ = ["jax", "jnp", "CopyWarning", "to_jax", "from_jax", "cupy_to_jax", "jax_to_cupy",
            "TransformError", "jax_function", "Divergence", "GradReport", "UnsupportedPrimitiveError",
            "check_grads", "ParityReport", "compare_with_optax", "optax_chain", "ProgramError",
-           "episode_state", "program_call", "program_episode", "program_inputs", "unflatten_state"]
+           "SGDState", "episode_state", "flatten_state", "program_call", "program_episode", "program_inputs",
+           "unflatten_state"]

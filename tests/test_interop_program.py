@@ -244,6 +244,7 @@ def test_state_goes_to_optax_and_back(backend):
             _, params, state = step(params, state, xy)
         _, rparams, rstate = ref_step(rparams, rstate, xy)
     assert type(state) is optax.ScaleByAdamState and int(state.count) == 4
+    chex.assert_tree_all_finite((params, state))   # NaNs would compare equal below
     if backend == "numpy":
         chex.assert_trees_all_equal((params, state), (rparams, rstate), strict=True)
     close((params, state), (rparams, rstate), rtol=1e-11)

@@ -113,7 +113,7 @@ def steps(name):
     import optax
     prog, ps, xb, yb = setup(name)
     x, y = jnp.asarray(xb), jnp.asarray(yb)
-    ep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1, 2))
+    ep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
     st = [interop.episode_state(prog)]
 
     def run_ep():
@@ -151,7 +151,7 @@ def steps(name):
         loss.block_until_ready()
 
     return {"program_episode in jit (FFI, flat state)": timeit(run_epf),
-            "program_episode in jit (FFI, one operand per array)": timeit(run_ep),
+            "program_episode in jit (FFI, named state, one operand per array)": timeit(run_ep),
             "jax.jit(value_and_grad + optax.adam)": timeit(run_j),
             "pure_callback episode in jit": timeit(run_pc),
             "native episode, no JAX (floor)": timeit(lambda: prog.runner.episode())}

@@ -121,6 +121,16 @@ def steps(name):
         st[0] = s
         loss.block_until_ready()
 
+    eppos = jax.jit(interop.program_episode(prog).positional, donate_argnums=(0, 1, 2))
+    sp0 = interop.episode_state(prog)
+    stp = [(tuple(sp0[0][n] for n in prog.param_names), tuple(a for pair in zip(sp0[1].mu.values(), sp0[1].nu.values())
+                                                           for a in pair), sp0[1].count.astype(prog.dtype))]
+
+    def run_eppos():
+        loss, *s = eppos(*stp[0], (x, y))
+        stp[0] = s
+        loss.block_until_ready()
+
     epf = jax.jit(interop.program_episode(prog, flat=True), donate_argnums=0)
     stf = [interop.episode_state(prog, flat=True)]
 
@@ -152,6 +162,7 @@ def steps(name):
 
     return {"program_episode in jit (FFI, flat state)": timeit(run_epf),
             "program_episode in jit (FFI, named state, one operand per array)": timeit(run_ep),
+            "program_episode in jit (FFI, positional tuples, one operand per array)": timeit(run_eppos),
             "jax.jit(value_and_grad + optax.adam)": timeit(run_j),
             "pure_callback episode in jit": timeit(run_pc),
             "native episode, no JAX (floor)": timeit(lambda: prog.runner.episode())}

@@ -389,6 +389,8 @@ def program_episode(program, *, flat=False, native=None):
         return (loss,) + _named(program, p, st, count)
 
     step.program, step.native = program, native
+    # the same call on positional tuples: (params, [mu_0, nu_0, …], count in the program's dtype, inputs)
+    step.positional = positional
     return step
 
 

@@ -1,6 +1,6 @@
 """Zero-copy bridges between tapegrad memory (NumPy, CuPy) and JAX arrays, over DLPack.
 
-Policy (research/interop.md §5): an array crosses without a copy when it is 64-byte aligned, compact
+Policy (docs/interop.md, "DLPack"): an array crosses without a copy when it is 64-byte aligned, compact
 (C or Fortran order), non-empty, of a dtype DLPack carries, and its memory is writable (a read-only
 *view* of writable memory, such as ``tape.value(v)``, counts: tapegrad hands out read-only views of
 its own buffers). Otherwise ``copy=None`` copies and warns with ``CopyWarning``; ``copy=False``

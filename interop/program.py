@@ -53,7 +53,7 @@ def native_library():
     """``(ctypes.CDLL, {kind: target name})`` of the registered FFI handlers, or None without a compiler.
 
     Built once per process through tapegrad's build cache; registered with XLA for the CPU platform
-    only after the backend exists (``jax.devices()``), as research/interop.md §3 requires.
+    only after the backend exists (``jax.devices()``), as docs/interop.md ("The FFI handler") explains.
     """
     with _LOCK:
         if "lib" in _LIB:
@@ -154,7 +154,7 @@ def _align_varying(xs):
     """Under ``shard_map``, cast every operand to the union of the operands' varying axes.
 
     The cast sits *outside* the custom_vjp, so its transpose sums the cotangent of a replicated
-    parameter over the shards — the data-parallel gradient, with no explicit psum (research §4).
+    parameter over the shards — the data-parallel gradient, with no explicit psum (docs/interop.md, "Sharding").
     """
     axes = frozenset().union(*map(_varying, xs)) if xs else frozenset()
     if not axes:
@@ -164,7 +164,7 @@ def _align_varying(xs):
 
 
 def _spec(args, shape, dtype):
-    """A result type with the operands' shard_map typing (research/interop.md §4)."""
+    """A result type with the operands' shard_map typing (docs/interop.md, "Sharding")."""
     best = max(args, key=lambda x: len(_varying(x)))
     return jax.typeof(best).update(shape=tuple(shape), dtype=dtype, weak_type=False)
 

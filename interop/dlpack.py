@@ -11,8 +11,10 @@ A zero-copy JAX array *aliases* the tape's buffer: an optimizer step or a ``rese
 the memory changes what the JAX array reads. Take ``copy=True`` for a snapshot.
 """
 import warnings
+from typing import Any, Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ._jax import jax, jnp
 
@@ -55,7 +57,7 @@ def _writable_alias(a):
     return v
 
 
-def to_jax(array, copy=None):
+def to_jax(array: ArrayLike, copy: Optional[bool] = None) -> "jax.Array":
     """A JAX array (CPU) holding the same memory as the NumPy array ``array`` when possible.
 
     ``copy=None``: share when possible, else copy with a ``CopyWarning``; ``copy=False``: share or
@@ -82,7 +84,7 @@ def to_jax(array, copy=None):
     return jnp.array(a, copy=True)
 
 
-def from_jax(x, copy=None):
+def from_jax(x: "jax.Array", copy: Optional[bool] = None) -> np.ndarray:
     """A read-only NumPy view of a JAX CPU array's memory (zero-copy), or a copy where it must be.
 
     A JAX array on a device other than the host (a GPU) cannot be viewed from NumPy: ``copy=None``
@@ -125,7 +127,7 @@ def _cupy():
     return cupy
 
 
-def cupy_to_jax(array, copy=None):
+def cupy_to_jax(array: Any, copy: Optional[bool] = None) -> "jax.Array":
     """A JAX GPU array sharing a CuPy array's memory (stream-ordered by DLPack's ``stream=``).
 
     ``copy=True`` copies on the device first (``cupy.ascontiguousarray(array).copy()``); a strided
@@ -145,7 +147,7 @@ def cupy_to_jax(array, copy=None):
     return jnp.from_dlpack(array)
 
 
-def jax_to_cupy(x, copy=None):
+def jax_to_cupy(x: "jax.Array", copy: Optional[bool] = None) -> Any:
     """A CuPy array sharing a JAX GPU array's memory. Treat it as read-only: JAX arrays are immutable
     and CuPy cannot mark memory read-only. ``copy=True`` gives an independent CuPy array."""
     cp = _cupy()

@@ -22,22 +22,33 @@ The optimizer runs inside the program; ``episode`` is inputs + forward + backwar
 >>> np.round(prog.value(w).ravel(), 12).tolist(), prog.optimizer_state()["count"]
 ([0.4, 1.4], 1)
 """
+from __future__ import annotations
+
 import copy
 import hashlib
 import math
 import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from . import ops as O
 from ._arena import aligned_copy, aligned_empty, readonly
 from .errors import DTypeError, ForeignVarError, LazyValueError, ShapeError, TapeError, at
-from .tape import Var
+from .tape import Tape, Var
+
+if TYPE_CHECKING:
+    from .optim import Optimizer
+
+Slot = Union[Var, str]   # a Var of the captured episode, or a parameter's name
 
 BACKENDS = ("numpy", "native")
 
 
-def capture(tape, loss, backend="numpy", dtype="float64", fuse=True):
+def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native"] = "numpy", dtype: DTypeLike = "float64",
+            fuse: Union[bool, Literal["libm"]] = True) -> Program:
     """Freeze the tape's episode ``[0, len(tape))`` with ``loss`` as the backward seed into a Program.
 
     ``backend``: "numpy" (the reference replay, bit-identical to the tape) or "native" (generated C
@@ -191,7 +202,7 @@ class Program:
         op = self.nodes[i][0].name
         return f"{op} {self.param_names[self.params.index(i)]!r} node {i}" if op == "param" else f"{op} node {i}"
 
-    def set_input(self, var, array):
+    def set_input(self, var: Slot, array: ArrayLike) -> None:
         """Fresh values for a constant (a minibatch, a lazy constant) or a parameter; copied in.
 
         ``var``: a Var of the captured episode, or a parameter's name (``tape.param(..., name=)``).
@@ -222,18 +233,18 @@ class Program:
 
     # ── running ──────────────────────────────────────────────────────────────
 
-    def forward(self):
+    def forward(self) -> np.ndarray:
         """Recompute every node's value; returns the loss (a read-only 0-d/1-element view)."""
         self._ready("forward")
         self.runner.forward()
         return self.loss()
 
-    def backward(self):
+    def backward(self) -> None:
         """Gradients of the loss w.r.t. every reached node (overwritten, as one tape backward per episode)."""
         self._ready("backward")
         self.runner.backward()
 
-    def attach(self, optimizer):
+    def attach(self, optimizer: Optimizer) -> None:
         """Run ``optimizer``'s update inside the program: its configuration and state are copied in.
 
         The tape optimizer is left untouched; read the program's state back with ``optimizer_state``
@@ -248,13 +259,13 @@ class Program:
         self.opt = _Opt(optimizer, self)
         self.runner.attached()
 
-    def step(self):
+    def step(self) -> None:
         """One optimizer update of the program's parameters from the program's gradients."""
         if self.opt is None:
             raise TapeError("step: no optimizer attached; call program.attach(optimizer) first")
         self.runner.step()
 
-    def episode(self, inputs=None):
+    def episode(self, inputs: Optional[Mapping[Var, ArrayLike]] = None) -> float:
         """Set ``inputs`` ({Var: array}), then forward + backward (+ step when attached) in one backend call.
 
         Returns the loss as a Python float.
@@ -268,15 +279,15 @@ class Program:
 
     # ── reading ──────────────────────────────────────────────────────────────
 
-    def loss(self):
+    def loss(self) -> np.ndarray:
         """The loss value of the last forward: a read-only view (one element)."""
         return readonly(self.val[self.loss_id])
 
-    def value(self, var):
+    def value(self, var: Slot) -> np.ndarray:
         """A read-only view of a node's value in the program (``var``: a Var, or a parameter's name)."""
         return readonly(self.val[self._slot(var, "value")])
 
-    def grad(self, var):
+    def grad(self, var: Slot) -> np.ndarray:
         """A read-only view of d loss/d var (zeros for nodes backward does not reach); ``var`` may be a name."""
         i = self._slot(var, "grad")
         g = self.grad_buf(i)
@@ -292,7 +303,7 @@ class Program:
                 g.fill(0.0)
         return g
 
-    def sync_params(self, tape, optimizer=None):
+    def sync_params(self, tape: Tape, optimizer: Optional[Optimizer] = None) -> None:
         """Write the program's parameters back into the tape (and its optimizer's state, if given)."""
         if tape is not self._tape():
             raise ForeignVarError("sync_params: not the tape this program was captured from")
@@ -302,7 +313,7 @@ class Program:
         if optimizer is not None:
             optimizer.load_state_dict(self.optimizer_state())
 
-    def optimizer_state(self):
+    def optimizer_state(self) -> dict[str, Any]:
         """The attached optimizer's state (``count``, and Adam's ``mu``/``nu`` copies) as the tape's form."""
         if self.opt is None:
             raise TapeError("optimizer_state: no optimizer attached")
@@ -313,7 +324,7 @@ class Program:
             st["nu"] = [v.copy() for v in self.opt.nu]
         return st
 
-    def load_optimizer_state(self, state):
+    def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
         """Restore ``optimizer_state()`` output (e.g. from a checkpoint); validated before anything changes."""
         o = self.opt
         if o is None:
@@ -339,7 +350,7 @@ class Program:
     # ── identity and reports ─────────────────────────────────────────────────
 
     @property
-    def hash64(self):
+    def hash64(self) -> int:
         """A content hash of the program (graph, shapes, dtype, loss, optimizer config): stable across runs."""
         h = hashlib.blake2b(digest_size=8)
         h.update(repr((str(self.dtype), self.loss_id)).encode())
@@ -349,11 +360,11 @@ class Program:
             h.update(repr(self.opt.config_key()).encode())
         return int.from_bytes(h.digest(), "little")
 
-    def plan(self):
+    def plan(self) -> Any:
         """The execution plan: segments (fused runs and single nodes) and kernel counts (native)."""
         return self.runner.plan()
 
-    def native_abi(self):
+    def native_abi(self) -> dict[str, Any]:
         """Raw pointers for a C caller (native backend only); see ``tapegrad.native.runner``."""
         if self.backend != "native":
             raise TapeError("native_abi: only a native program has one (capture with backend='native')")

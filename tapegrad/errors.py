@@ -32,7 +32,7 @@ class BuildError(TapeError, RuntimeError):
     """Native code could not be built (no compiler, or the compiler failed)."""
 
 
-def at(op, node):
+def at(op: str, node: int) -> str:
     """The message prefix ``op (node i)`` every error starts with."""
     return f"{op} (node {node})"
 

@@ -97,7 +97,7 @@ def compare_with_optax(opt: tg.optim.Optimizer, init: Sequence[ArrayLike],
     first = None
     for k in range(steps):
         gt = grad_fn(k, [np.asarray(tape.value(w)) for w in ws])
-        loss = None
+        loss: Any = None   # the sum of the terms, built term by term
         for w, g in zip(ws, gt):
             term = (w * tape.const(g)).sum()
             loss = term if loss is None else loss + term

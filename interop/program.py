@@ -15,10 +15,11 @@ import hashlib
 import os
 import threading
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import numpy as np
 
+from tapegrad.capture import Program
 from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
@@ -49,7 +50,7 @@ def _source():
     return header + "\n" + body
 
 
-def native_library():
+def native_library() -> Optional[tuple[ctypes.CDLL, dict[str, str]]]:
     """``(ctypes.CDLL, {kind: target name})`` of the registered FFI handlers, or None without a compiler.
 
     Built once per process through tapegrad's build cache; registered with XLA for the CPU platform
@@ -79,7 +80,7 @@ def native_library():
         return _LIB["lib"]
 
 
-def load(program):
+def load(program: Program) -> int:
     """Put ``program`` into the native table under ``program.hash64`` (idempotent); returns the hash.
 
     The program and the buffers its ABI names are pinned for the life of the process: a jitted
@@ -103,7 +104,7 @@ def load(program):
     return h
 
 
-def unload(program_or_hash):
+def unload(program_or_hash: Union[Program, int]) -> bool:
     """Drop a program from the native table: later calls to it fail with an XLA error (not a crash)."""
     h = program_or_hash if isinstance(program_or_hash, int) else program_or_hash.hash64
     lib = native_library()
@@ -260,7 +261,7 @@ def _mode(program, native):
     return native
 
 
-def program_call(program, *, native=None):
+def program_call(program: Program, *, native: Optional[bool] = None) -> Callable[..., Any]:
     """A jittable, differentiable JAX function ``(*params, *inputs) -> loss`` running ``program``.
 
     ``params`` are the program's parameters and ``inputs`` its constants, each in registration
@@ -318,7 +319,7 @@ def program_call(program, *, native=None):
     return run
 
 
-def program_episode(program, *, flat=False, native=None):
+def program_episode(program: Program, *, flat: bool = False, native: Optional[bool] = None) -> Callable[..., Any]:
     """One XLA custom call doing forward + backward + the attached optimizer's step, state explicit.
 
     Returns ``step(params, opt_state, inputs) -> (loss, params, opt_state)``, the state named and
@@ -471,7 +472,7 @@ def _positional(program, who, params, opt_state):
     return tuple(params[n] for n in names), state, jnp.asarray(count).astype(sig.dtype)
 
 
-def unflatten_state(program, state):
+def unflatten_state(program: Program, state: Any) -> tuple[dict[str, Any], Any]:
     """Name a flat episode state ``[params | opt_state | count]``: ``(params, opt_state)`` as ``episode_state``."""
     sig = _Sig(program)
     parts = jnp.split(jnp.asarray(state), np.cumsum(_flat_sizes(program))[:-1].tolist())
@@ -480,13 +481,13 @@ def unflatten_state(program, state):
     return _named(program, arrays[:n], arrays[n:-1], arrays[-1])
 
 
-def flatten_state(program, params, opt_state):
+def flatten_state(program: Program, params: Mapping[str, Any], opt_state: Any) -> Any:
     """The flat vector ``[params | opt_state | count]`` of a named state (``unflatten_state``'s inverse)."""
     p, st, count = _positional(program, "flatten_state", params, opt_state)
     return jnp.concatenate([jnp.ravel(jnp.asarray(a, program.dtype)) for a in p + st] + [jnp.reshape(count, (1,))])
 
 
-def episode_state(program, flat=False):
+def episode_state(program: Program, flat: bool = False) -> Any:
     """The program's current episode state as JAX arrays (copies), named and shaped as optax's.
 
     Returns ``(params, opt_state)``: ``params`` is ``{name: array}`` over every parameter (names
@@ -516,6 +517,6 @@ def episode_state(program, flat=False):
     return flatten_state(program, *named) if flat else named
 
 
-def program_inputs(program):
+def program_inputs(program: Program) -> tuple[Any, ...]:
     """The program's current constant values (copies), in registration order: ``inputs`` for a call."""
     return tuple(jnp.array(program.val[k]) for k in program.consts)

@@ -1,11 +1,15 @@
 """The tape: a single-owner arena of nodes, values and gradients, and its reverse sweep."""
+from __future__ import annotations
+
 import functools
 import math
 import os
 import sys
-from typing import NamedTuple, Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from . import ops as O
 from ._arena import Arena, ParamStore, aligned_copy, aligned_empty, readonly
@@ -17,6 +21,9 @@ _UNBROADCAST = {}  # (contribution shape, input shape) -> (axes to sum, reduced 
 _ONES = {}    # (shape, dtype) -> the backward seed of a scalar loss
 _SHAPES = {}  # (op, a_shape, b_shape, s) -> out shape: shape rules run once per distinct call
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+
+
+Operand = Union["Var", float, np.ndarray]   # what an op takes: a Var, a Python scalar, an array (a const)
 
 
 class Node(NamedTuple):
@@ -64,7 +71,7 @@ class Var:
     __slots__ = ("tape", "id", "epoch")
     __array_priority__ = 1000  # ndarray ⊕ Var defers to Var
 
-    def __init__(self, tape, i, epoch):
+    def __init__(self, tape: Tape, i: int, epoch: int) -> None:
         self.tape = tape
         self.id = i
         self.epoch = epoch
@@ -75,24 +82,43 @@ class Var:
         return f"<Var node {self.id}: {self.tape._nodes[self.id].op.name} {self.shape}>"
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         return self.tape._nodes[self.tape._index(self, "shape", "self")].shape
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self.shape)
 
     @property
-    def size(self):
+    def size(self) -> int:
         return math.prod(self.shape)
 
     @property
-    def value(self):
+    def value(self) -> np.ndarray:
         return self.tape.value(self)
 
     @property
-    def grad(self):
+    def grad(self) -> np.ndarray:
         return self.tape.grad(self)
+
+    if TYPE_CHECKING:   # installed at import by tapegrad.functional; declared here for type checkers
+        def __add__(self, other: Operand) -> Var: ...
+        def __radd__(self, other: Operand) -> Var: ...
+        def __sub__(self, other: Operand) -> Var: ...
+        def __rsub__(self, other: Operand) -> Var: ...
+        def __mul__(self, other: Operand) -> Var: ...
+        def __rmul__(self, other: Operand) -> Var: ...
+        def __truediv__(self, other: Operand) -> Var: ...
+        def __rtruediv__(self, other: Operand) -> Var: ...
+        def __matmul__(self, other: Operand) -> Var: ...
+        def __rmatmul__(self, other: Operand) -> Var: ...
+        def __neg__(self) -> Var: ...
+        def __abs__(self) -> Var: ...
+        def __pow__(self, p: float) -> Var: ...
+        def __getitem__(self, key: Any) -> Var: ...
+        @property
+        def T(self) -> Var: ...
+        def __getattr__(self, name: str) -> Any: ...   # the op methods (relu, sum, reshape, …)
 
     def __bool__(self):
         raise TypeError("a Var has no truth value; compare values with tape.value(v)")
@@ -130,7 +156,10 @@ class Tape:
     1
     """
 
-    def __init__(self, dtype=np.float64, *, on_error="raise", check_finite=False, sources=True):
+    _floor: Optional[int]
+
+    def __init__(self, dtype: DTypeLike = np.float64, *, on_error: Literal["raise", "poison"] = "raise",
+                 check_finite: bool = False, sources: bool = True) -> None:
         dtype = np.dtype(dtype)
         if dtype not in _DTYPES:
             raise DTypeError(f"Tape: dtype must be float64 or float32, got {dtype}")
@@ -159,7 +188,7 @@ class Tape:
 
     # ── leaves ───────────────────────────────────────────────────────────────
 
-    def param(self, array, name=None):
+    def param(self, array: ArrayLike, name: Optional[str] = None) -> Var:
         """Register a trainable parameter; the array is copied into tape-owned aligned memory.
 
         ``name`` (optional, unique among the tape's live parameters): how captured programs,
@@ -174,11 +203,11 @@ class Tape:
             self._names[name] = var
         return var
 
-    def const(self, array):
+    def const(self, array: ArrayLike) -> Var:
         """Register a constant (no gradient flows into it); copied in like ``param``."""
         return self._leaf(O.const, array, "const")
 
-    def const_lazy(self, shape, dtype=None):
+    def const_lazy(self, shape: Sequence[int], dtype: Optional[DTypeLike] = None) -> Var:
         """A constant declared by shape whose values come later, through a captured program.
 
         The tape records ops on it (shapes only) but cannot evaluate them: use it on graphs that
@@ -308,7 +337,7 @@ class Tape:
 
     # ── reading values and gradients ─────────────────────────────────────────
 
-    def value(self, v):
+    def value(self, v: Var) -> np.ndarray:
         """A read-only view of a node's value (invalid after a reset past the node)."""
         i = self._index(v, "value", "v")
         val = self._val[i]
@@ -316,7 +345,7 @@ class Tape:
             raise LazyValueError(self._no_value(i, "value"))
         return readonly(val)
 
-    def grad(self, v):
+    def grad(self, v: Var) -> np.ndarray:
         """A read-only view of the accumulated gradient d loss/d v; zeros if backward never reached v."""
         i = self._index(v, "grad", "v")
         g = self._grad[i]
@@ -327,7 +356,7 @@ class Tape:
             g.fill(0.0)
         return readonly(g)
 
-    def touched(self, v):
+    def touched(self, v: Var) -> bool:
         """Whether backward has written d loss/d v since the last reset (untouched params are skipped)."""
         return self._touched(self._index(v, "touched", "v"))
 
@@ -341,12 +370,12 @@ class Tape:
         return (f"{at(self._nodes[i].op.name, i)}: has no {what} on the tape: it depends on the {kind} constant "
                 f"node {k}; run it through a captured program (tapegrad.capture) instead")
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._nodes)
 
     # ── parameter names ──────────────────────────────────────────────────────
 
-    def names(self):
+    def names(self) -> dict[str, Var]:
         """``{name: Var}`` of the named parameters still on the tape, in registration order.
 
         >>> import numpy as np, tapegrad as tg
@@ -357,7 +386,7 @@ class Tape:
         live = {n: v for n, v in self._names.items() if self._live(v)}
         return dict(sorted(live.items(), key=lambda item: item[1].id))
 
-    def name_of(self, v):
+    def name_of(self, v: Var) -> Optional[str]:
         """The name ``v`` was registered with (``param(..., name=)``), or None."""
         i = self._index(v, "name_of", "v")
         return next((n for n, w in self._names.items() if w.id == i and self._live(w)), None)
@@ -376,18 +405,18 @@ class Tape:
         return None
 
     @property
-    def nodes(self):
+    def nodes(self) -> tuple[Node, ...]:
         """The node table (read-only tuple of ``Node``), in tape order."""
         return tuple(self._nodes)
 
     # ── episodes ─────────────────────────────────────────────────────────────
 
-    def mark(self):
+    def mark(self) -> int:
         """A watermark for ``reset_to``: the current length of the tape."""
         self._floor = len(self._nodes)
         return self._floor
 
-    def reset_to(self, mark):
+    def reset_to(self, mark: int) -> None:
         """Drop every node with id >= mark and zero the surviving gradients, keeping all capacity.
 
         The minibatch loop: register parameters, ``m = tape.mark()``, then per batch build the graph,
@@ -414,7 +443,7 @@ class Tape:
         self._epoch += 1
         self._since = self._pass + 1
 
-    def drop_consts(self):
+    def drop_consts(self) -> int:
         """Free the host values of every constant (after a capture holds them); returns bytes freed.
 
         Constants registered before the first ``mark`` own their memory and free it; per-episode
@@ -433,7 +462,7 @@ class Tape:
 
     # ── the reverse sweep ────────────────────────────────────────────────────
 
-    def backward(self, loss, seed=None):
+    def backward(self, loss: Var, seed: Optional[ArrayLike] = None) -> bool:
         """Accumulate d loss/d x into every node's gradient by one reverse walk of the tape.
 
         ``loss`` must hold a single element unless ``seed`` (an array of loss's shape, the cotangent) is
@@ -529,7 +558,7 @@ class Tape:
 
     # ── anomaly detection ────────────────────────────────────────────────────
 
-    def first_nonfinite(self):
+    def first_nonfinite(self) -> Optional[NonFinite]:
         """The first node, in forward order, whose value (then: gradient) holds inf or nan; else None."""
         for kind, bufs in (("value", self._val), ("grad", self._grad)):
             for i, buf in enumerate(bufs):

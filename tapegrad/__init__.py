@@ -18,6 +18,8 @@ from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log
 # special functions
 # scans and reductions
 # selection and indexing
+from .functional import (dynamic_slice, dynamic_update_slice, flip, index_add, index_set, split, stack,
+                         take, take_along_axis, where)
 # convolution and pooling
 # linear algebra
 from .gradcheck import gradcheck

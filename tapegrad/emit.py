@@ -47,6 +47,8 @@ def forms(op):
     >>> forms(O.concat) is None
     True
     """
+    if op.data:   # indices and masks have no place in a scalar tape
+        return None
     if op.kind == "elementwise":
         return (op.c_fwd, op.c_da, op.c_db) if op.c_fwd else None
     return SCALAR_FORMS.get(op.name)

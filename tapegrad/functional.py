@@ -11,6 +11,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import ops as O
+from . import ops_index as OX
 from .ops import Bad, check_axes
 from .tape import Operand, Tape, Var
 
@@ -26,10 +27,18 @@ def _tape(*xs):
 
 
 def _var(x: Any, tape: Tape) -> Var:
-    """A Var for ``x``: Vars pass through, arrays become constants on ``tape``."""
+    """A Var for a float operand ``x``: Vars pass through, arrays become constants on ``tape`` (integer
+    and bool arrays are converted to the tape's dtype here, as NumPy promotes them in arithmetic)."""
     if isinstance(x, Var):
         return x
-    return tape.const(np.asarray(x, dtype=tape.dtype) if not isinstance(x, np.ndarray) else x)
+    if not isinstance(x, np.ndarray) or x.dtype.kind in "biu":
+        x = np.asarray(x, dtype=tape.dtype)
+    return tape.const(x)
+
+
+def _data(x, tape):
+    """A Var for a data operand (indices, a mask): Vars pass through, arrays become data constants."""
+    return x if isinstance(x, Var) else tape.const(np.asarray(x))
 
 
 def _scalar(x):
@@ -204,15 +213,80 @@ def concat(xs: Iterable[Var], axis: int = 0) -> Var:
 
 
 def getitem(a: Var, key: Any) -> Var:
-    """Basic slicing with step 1 (``v[1:3, :2]``); the result keeps every axis."""
+    """NumPy basic indexing (ints, slices with any step, ``None``, ``...``) plus one integer array
+    (or integer data Var) index, as ``x[idx]`` for an embedding lookup: ``take`` along that axis.
+
+    >>> import tapegrad as tg, numpy as np
+    >>> x = tg.Tape().param(np.arange(12.0).reshape(4, 3))
+    >>> x[::-2, 1].value.tolist(), x[np.array([2, 0]), 1:].value.tolist()
+    ([10.0, 4.0], [[7.0, 8.0], [1.0, 2.0]])
+    """
     if a.id < 0:
         return a
     key = key if isinstance(key, tuple) else (key,)
-    if len(key) > a.ndim or any(not isinstance(k, slice) or k.step not in (None, 1) for k in key):
-        return a.tape._fail(ShapeError(f"{at('slice', len(a.tape))}: expected at most {a.ndim} slices with step 1, "
-                                       f"got {key!r}; reshape to drop axes"))
-    key = key + (slice(None),) * (a.ndim - len(key))
-    return a.tape.apply(O.slice, a, None, tuple(k.indices(n)[:2] for k, n in zip(key, a.shape)))
+    here = at("getitem", len(a.tape))
+    dots = [i for i, k in enumerate(key) if k is Ellipsis]
+    if len(dots) > 1:
+        return a.tape._fail(ShapeError(f"{here}: at most one ... in an index, got {key!r}"))
+    used = builtins.sum(k is not None and k is not Ellipsis for k in key)
+    if dots:
+        i = dots[0]
+        key = key[:i] + (slice(None),) * (a.ndim - used) + key[i + 1:]
+    if used > a.ndim:
+        return a.tape._fail(ShapeError(f"{here}: too many indices for shape {a.shape}: {key!r}"))
+    key = key + (slice(None),) * (a.ndim - used)
+    ranges, drop, new, adv, out_axis = [], [], [], None, 0
+    for k in key:
+        if k is None:
+            new.append(out_axis)
+            out_axis += 1
+            continue
+        d = len(ranges)
+        n = a.shape[d]
+        if isinstance(k, slice):
+            ranges.append(k.indices(n))
+        elif _scalar_index(k):
+            j = int(k)
+            if not -n <= j < n:
+                return a.tape._fail(ShapeError(f"{here}: index {j} is out of range for axis {d} of length {n}"))
+            ranges.append((j % n, j % n + 1, 1))
+            drop.append(d)
+            continue
+        elif adv is None and (isinstance(k, (Var, list)) or (isinstance(k, np.ndarray) and k.dtype.kind in "iu")):
+            adv = (d, out_axis, k)
+            ranges.append((0, n, 1))
+        else:
+            what = "a bool mask (the result's shape would depend on the data: use tg.where)" if \
+                np.asarray(k).dtype.kind == "b" else f"{type(k).__name__} {k!r}" if adv is None else \
+                "a second array index (use take / take_along_axis)"
+            return a.tape._fail(ShapeError(f"{here}: unsupported index {what}"))
+        out_axis += 1
+    out = a
+    if any(r != (0, n, 1) for r, n in zip(ranges, a.shape)):
+        out = a.tape.apply(O.slice, a, None, tuple(ranges))
+    shape = list(out.shape) if out.id >= 0 else []
+    if adv is not None:
+        d, _, idx = adv
+        if drop and (builtins.min(drop) < d < builtins.max(drop) or (drop[0] < d and drop[-1] > d)):
+            return a.tape._fail(ShapeError(f"{here}: integers on both sides of an array index (NumPy would move "
+                                           f"the result's axes): use tg.take explicitly"))
+        idx = _data(idx, a.tape)
+        out = take(out, idx, d)
+        if out.id < 0:
+            return out
+        shape = list(out.shape)
+        k = idx.ndim
+        drop = [q if q < d else q + k - 1 for q in drop]
+    if drop or new:
+        keep = [n for q, n in enumerate(shape) if q not in drop]
+        for p in new:
+            keep.insert(p, 1)
+        out = reshape(out, tuple(keep))
+    return out
+
+
+def _scalar_index(k):
+    return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
 
 
 def mse(y: Operand, t: Operand) -> Var:
@@ -270,7 +344,163 @@ _install()
 
 
 # ── selection and indexing (ops_index) ─────────────────────────────────────────────
-# (functions and Var methods of this family go here)
+
+def where(mask, a, b):
+    """``a`` where the bool ``mask`` holds, else ``b``, broadcasting all three (``jnp.where``).
+
+    The branch not taken receives exact zeros in backward, so its values (a ``-inf`` mask fill) never
+    leak into the result or the gradient — a masked softmax:
+
+    >>> import tapegrad as tg, numpy as np
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([0.0, np.log(3.0), 5.0]))
+    >>> p = tg.where(np.array([True, True, False]), x, -np.inf).softmax()
+    >>> p.value.tolist()
+    [0.25, 0.75, 0.0]
+    >>> tape.backward(p[1]), tape.grad(x).tolist()
+    (True, [-0.1875, 0.1875, 0.0])
+
+    As in JAX, a branch that is NaN where it is not taken still poisons the gradient through its own
+    rule (``0 · ∞``): guard the input too (``where(m, sqrt(where(m, x, 1)), 0)``).
+    """
+    tape = _tape(a, b, mask)
+    m = _data(mask, tape)
+    with np.errstate(invalid="ignore"):
+        return tape.apply(OX.where, _var(a, tape), _var(b, tape), None, m)
+
+
+def take(a, indices, axis=0):
+    """``a`` gathered at integer ``indices`` along ``axis`` (``np.take``; an embedding lookup).
+
+    Indices are a data Var or an integer array; out-of-range indices raise (see ``tapegrad.ops_index``).
+    The gradient is a scatter-add in increasing index position, the same on every backend.
+    """
+    if a.id < 0:
+        return a
+    return a.tape.apply(OX.take, a, _data(indices, a.tape), _norm_axis(axis, a.ndim))
+
+
+def take_along_axis(a, indices, axis):
+    """``np.take_along_axis``: ``indices`` shaped like ``a`` except along ``axis``.
+
+    >>> import tapegrad as tg, numpy as np
+    >>> logp = tg.Tape().param(np.log([[0.5, 0.5], [0.25, 0.75]]))
+    >>> labels = np.array([[1], [0]])
+    >>> bool(-tg.take_along_axis(logp, labels, axis=1).mean().value == -np.log([0.5, 0.25]).mean())
+    True
+    """
+    if a.id < 0:
+        return a
+    return a.tape.apply(OX.take_along_axis, a, _data(indices, a.tape), _norm_axis(axis, a.ndim))
+
+
+def _scatter(op, a, indices, values, axis):
+    if a.id < 0:
+        return a
+    tape = a.tape
+    idx = _data(indices, tape)
+    ax = _norm_axis(axis, a.ndim)
+    v = _var(values, tape)
+    if 0 <= ax < a.ndim and idx.id >= 0 and v.id >= 0:
+        want = a.shape[:ax] + idx.shape + a.shape[ax + 1:]
+        try:
+            if v.shape != want and np.broadcast_shapes(v.shape, want) == want:
+                v = broadcast_to(v, want)   # values broadcast as in x.at[i].add(v); else the shape rule says why
+        except ValueError:
+            pass
+    return tape.apply(op, a, v, ax, idx)
+
+
+def index_add(a, indices, values, axis=0):
+    """``a.at[indices].add(values)`` along ``axis``: repeated indices accumulate, in index order.
+
+    >>> import tapegrad as tg, numpy as np
+    >>> x = tg.Tape().param(np.zeros(3))
+    >>> tg.index_add(x, [0, 2, 0], 1.0).value.tolist()
+    [2.0, 0.0, 1.0]
+    """
+    return _scatter(OX.index_add, a, indices, values, axis)
+
+
+def index_set(a, indices, values, axis=0):
+    """``a.at[indices].set(values)`` along ``axis``; with repeated indices the last occurrence wins."""
+    return _scatter(OX.index_set, a, indices, values, axis)
+
+
+def dynamic_slice(a, starts, sizes):
+    """``lax.dynamic_slice``: a window of ``sizes`` at data-dependent ``starts`` (clamped to fit)."""
+    if a.id < 0:
+        return a
+    return a.tape.apply(OX.dynamic_slice, a, _data(starts, a.tape), tuple(int(n) for n in sizes))
+
+
+def dynamic_update_slice(a, update, starts):
+    """``lax.dynamic_update_slice``: ``a`` with ``update`` written at ``starts`` (clamped to fit)."""
+    if a.id < 0:
+        return a
+    tape = a.tape
+    return tape.apply(OX.dynamic_update_slice, a, _var(update, tape), None, _data(starts, tape))
+
+
+def flip(a, axis=None):
+    """Reverse the order of elements along ``axis`` (an int, a tuple, or None for every axis): JAX's
+    ``rev``, as a slice with step −1."""
+    if a.id < 0:
+        return a
+    try:
+        axes = check_axes(a.shape, axis) or ()
+    except Bad as e:
+        return a.tape._fail(ShapeError(f"{at('flip', len(a.tape))}: {e}"))
+    axes = range(a.ndim) if axis is None else axes
+    if not a.ndim:
+        return a
+    return a.tape.apply(O.slice, a, None, tuple((n - 1, -1, -1) if d in axes else (0, n, 1)
+                                                 for d, n in enumerate(a.shape)))
+
+
+def stack(xs, axis=0):
+    """Join Vars of one shape along a new ``axis`` (reshape each, then ``concat``)."""
+    xs = list(xs)
+    if not xs:
+        raise ShapeError("stack: expected at least one Var, got an empty sequence")
+    nd = xs[0].ndim + 1
+    if not -nd <= axis < nd:
+        return xs[0].tape._fail(ShapeError(f"{at('stack', len(xs[0].tape))}: axis {axis} is out of range for "
+                                           f"{nd - 1}-D inputs"))
+    ax = axis % nd
+    return concat([reshape(x, x.shape[:ax] + (1,) + x.shape[ax:]) for x in xs], axis=ax)
+
+
+def split(a, indices_or_sections, axis=0):
+    """``np.split``: a list of slices of ``a`` along ``axis`` (equal sections, or at the given indices)."""
+    if a.id < 0:
+        return [a]
+    ax = _norm_axis(axis, a.ndim)
+    if not 0 <= ax < a.ndim:
+        return [a.tape._fail(ShapeError(f"{at('split', len(a.tape))}: axis {axis} is out of range for shape "
+                                        f"{a.shape}"))]
+    n = a.shape[ax]
+    if _scalar_index(indices_or_sections):
+        k = int(indices_or_sections)
+        if k <= 0 or n % k:
+            return [a.tape._fail(ShapeError(f"{at('split', len(a.tape))}: {n} elements along axis {ax} do not split "
+                                            f"into {k} equal sections"))]
+        cuts = [n // k * q for q in range(1, k)]
+    else:
+        cuts = [int(c) for c in indices_or_sections]
+    bounds = list(zip([0] + cuts, cuts + [n]))
+    full = [(0, m, 1) for m in a.shape]
+    return [a.tape.apply(O.slice, a, None, tuple(full[:ax] + [(lo, hi, 1)] + full[ax + 1:])) for lo, hi in bounds]
+
+
+def _norm_axis(axis, nd):
+    if isinstance(axis, (int, np.integer)) and -nd <= axis < nd:
+        return int(axis) % nd
+    return axis
+
+
+Var.take = take
+Var.flip = flip
 
 
 # ── convolution and pooling (ops_conv) ─────────────────────────────────────────────

@@ -1,6 +1,6 @@
 """The registry's scalar C expressions: parsed once, constant-folded, printed in a dialect (C or CUDA).
 
-An expression is over the names ``a b s out g`` (see ``tapegrad.ops``). Printing binds those names to
+An expression is over the names ``a b c s out g`` (see ``tapegrad.ops``). Printing binds those names to
 operand strings; ``s`` and literal-only subtrees are folded in Python doubles, as NumPy computes them
 on the host before one ufunc call, and every literal goes through one exact printer.
 
@@ -98,8 +98,8 @@ def parse(src):
                     args.append(level(0))
                 take(")")
                 return ("call", t[1], tuple(args))
-            if t[1] not in ("a", "b", "s", "out", "g"):
-                raise ValueError(f"C expression {src!r}: unknown name {t[1]!r} (allowed: a b s out g)")
+            if t[1] not in ("a", "b", "c", "s", "out", "g"):
+                raise ValueError(f"C expression {src!r}: unknown name {t[1]!r} (allowed: a b c s out g)")
             return ("var", t[1])
         raise ValueError(f"C expression {src!r}: unexpected {t[1]!r}")
 

@@ -53,9 +53,11 @@ class NonFinite(NamedTuple):
     kind: str           # "value" or "grad"
     input_shapes: tuple
     where: str          # "file.py:line"
+    name: Optional[str] = None   # the parameter's name (tape.param(..., name=)), if it has one
 
     def __str__(self):
-        return (f"{self.op} (node {self.node}): first non-finite {self.kind}, inputs {self.input_shapes}, "
+        who = self.op if self.name is None else f"{self.op} {self.name!r}"
+        return (f"{who} (node {self.node}): first non-finite {self.kind}, inputs {self.input_shapes}, "
                 f"created at {self.where}")
 
 
@@ -654,7 +656,8 @@ class Tape:
                 if not np.isfinite(buf).all():
                     n = self._nodes[i]
                     ins = tuple(self._nodes[k].shape for k in (n.a, n.b) if k >= 0)
-                    return NonFinite(i, n.op.name, kind, ins, _where(n.src))
+                    name = next((k for k, v in self._names.items() if v.id == i and self._live(v)), None)
+                    return NonFinite(i, n.op.name, kind, ins, _where(n.src), name)
         return None
 
 

@@ -70,3 +70,10 @@ def test_program_errors_name_the_parameter():
     with pytest.raises(ShapeError, match=r"expected shape \(2, 3\) for param 'W1' node 0, got \(3, 2\)"):
         prog.set_input("W1", np.zeros((3, 2)))
     assert (prog.value(W) == np.arange(6.0).reshape(2, 3) / 6).all()   # unchanged
+
+
+def test_nonfinite_reports_name_the_parameter():
+    tape = tg.Tape()
+    w = tape.param(np.array([1.0, np.inf]), name="W1")
+    bad = tape.first_nonfinite()
+    assert (bad.node, bad.name) == (w.id, "W1") and str(bad).startswith("param 'W1' (node 0): first non-finite value")

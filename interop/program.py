@@ -138,11 +138,12 @@ class _Sig:
                 raise ProgramError(f"{who}: expected {len(want)} {name} arrays {want}, got {len(got)}")
             for k, (s, x) in enumerate(zip(want, got)):
                 aval = jax.typeof(x)
+                label = f"{name}[{k}]" + (f" ({self.program.param_names[k]!r})" if name == "params" else "")
                 if tuple(aval.shape) != s:
-                    raise ProgramError(f"{who}: {name}[{k}] must have shape {s} (the captured shape), got "
+                    raise ProgramError(f"{who}: {label} must have shape {s} (the captured shape), got "
                                        f"{tuple(aval.shape)}")
                 if np.dtype(aval.dtype) != self.dtype:
-                    raise ProgramError(f"{who}: {name}[{k}] must be {self.dtype} (the program's dtype), got "
+                    raise ProgramError(f"{who}: {label} must be {self.dtype} (the program's dtype), got "
                                        f"{aval.dtype}")
 
 

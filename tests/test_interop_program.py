@@ -152,7 +152,7 @@ def test_wrong_arguments_raise_clear_errors():
     f = CALLS[BACKENDS[0]]
     with pytest.raises(ProgramError, match=r"inputs\[0\] must have shape \(5, 4\)"):
         f(ARGS[0], ARGS[1], jnp.ones((6, 4)), ARGS[3])
-    with pytest.raises(ProgramError, match="must be float64"):
+    with pytest.raises(ProgramError, match=r"params\[0\] \('W'\) must be float64"):
         f(ARGS[0].astype(np.float32), *ARGS[1:])
     with pytest.raises(ProgramError, match="expected 2 inputs"):
         f(*ARGS[:3])

@@ -14,9 +14,9 @@ from . import ops as O
 from . import ops_index as OX
 from .ops import Bad, check_axes
 from .tape import Operand, Tape, Var
+from .errors import ArgumentError, ShapeError, at
 
 Axis = Union[None, int, Sequence[int]]
-from .errors import ShapeError, at
 
 
 def _tape(*xs):
@@ -36,9 +36,17 @@ def _var(x: Any, tape: Tape) -> Var:
     return tape.const(x)
 
 
-def _data(x, tape):
-    """A Var for a data operand (indices, a mask): Vars pass through, arrays become data constants."""
-    return x if isinstance(x, Var) else tape.const(np.asarray(x))
+def _data(x, tape, kind="i", opname="", arg=""):
+    """A Var for a data operand (``kind`` "i" indices, "b" a mask): Vars pass through (the op checks
+    their kind), arrays become data constants once they are of the right kind."""
+    if isinstance(x, Var):
+        return x
+    x = np.asarray(x)
+    if x.dtype.kind not in ("b" if kind == "b" else "iu") and not (kind == "i" and x.size == 0):
+        want = "a bool mask" if kind == "b" else "integer indices"
+        raise ArgumentError(f"{at(opname, len(tape))}: argument {arg} must be {want} (an array or a data Var), got "
+                            f"a {x.dtype} array; convert with np.asarray(x, {'bool' if kind == 'b' else 'int'})")
+    return tape.const(x)
 
 
 def _scalar(x):
@@ -53,7 +61,8 @@ def _binary(op, scalar_rule, a, b):
     if scalar_rule is not None and isinstance(b, Var) and _scalar(a):
         return scalar_rule(b, float(a), True)
     tape = _tape(a, b)
-    return tape.apply(op, _var(a, tape), _var(b, tape))
+    with tape._lifted():
+        return tape.apply(op, _var(a, tape), _var(b, tape))
 
 
 def _adds(v, s, flip):
@@ -223,17 +232,23 @@ def getitem(a: Var, key: Any) -> Var:
     """
     if a.id < 0:
         return a
+    with a.tape._lifted():
+        return _getitem(a, key)
+
+
+def _getitem(a, key):
     key = key if isinstance(key, tuple) else (key,)
     here = at("getitem", len(a.tape))
     dots = [i for i, k in enumerate(key) if k is Ellipsis]
     if len(dots) > 1:
         return a.tape._fail(ShapeError(f"{here}: at most one ... in an index, got {key!r}"))
     used = builtins.sum(k is not None and k is not Ellipsis for k in key)
+    if used > a.ndim:
+        return a.tape._fail(ShapeError(f"{here}: too many indices for shape {a.shape}: {key!r}"))
     if dots:
         i = dots[0]
         key = key[:i] + (slice(None),) * (a.ndim - used) + key[i + 1:]
-    if used > a.ndim:
-        return a.tape._fail(ShapeError(f"{here}: too many indices for shape {a.shape}: {key!r}"))
+        used = a.ndim
     key = key + (slice(None),) * (a.ndim - used)
     ranges, drop, new, adv, out_axis = [], [], [], None, 0
     for k in key:
@@ -270,7 +285,7 @@ def getitem(a: Var, key: Any) -> Var:
         if drop and (builtins.min(drop) < d < builtins.max(drop) or (drop[0] < d and drop[-1] > d)):
             return a.tape._fail(ShapeError(f"{here}: integers on both sides of an array index (NumPy would move "
                                            f"the result's axes): use tg.take explicitly"))
-        idx = _data(idx, a.tape)
+        idx = _data(idx, a.tape, "i", "getitem", "index")
         out = take(out, idx, d)
         if out.id < 0:
             return out
@@ -364,8 +379,8 @@ def where(mask, a, b):
     rule (``0 · ∞``): guard the input too (``where(m, sqrt(where(m, x, 1)), 0)``).
     """
     tape = _tape(a, b, mask)
-    m = _data(mask, tape)
-    with np.errstate(invalid="ignore"):
+    with tape._lifted():
+        m = _data(mask, tape, "b", "where", "mask")
         return tape.apply(OX.where, _var(a, tape), _var(b, tape), None, m)
 
 
@@ -377,7 +392,8 @@ def take(a, indices, axis=0):
     """
     if a.id < 0:
         return a
-    return a.tape.apply(OX.take, a, _data(indices, a.tape), _norm_axis(axis, a.ndim))
+    with a.tape._lifted():
+        return a.tape.apply(OX.take, a, _data(indices, a.tape, "i", "take", "indices"), _norm_axis(axis, a.ndim))
 
 
 def take_along_axis(a, indices, axis):
@@ -391,14 +407,21 @@ def take_along_axis(a, indices, axis):
     """
     if a.id < 0:
         return a
-    return a.tape.apply(OX.take_along_axis, a, _data(indices, a.tape), _norm_axis(axis, a.ndim))
+    with a.tape._lifted():
+        return a.tape.apply(OX.take_along_axis, a, _data(indices, a.tape, "i", "take_along_axis", "indices"),
+                            _norm_axis(axis, a.ndim))
 
 
 def _scatter(op, a, indices, values, axis):
     if a.id < 0:
         return a
+    with a.tape._lifted():
+        return _scatter_lifted(op, a, indices, values, axis)
+
+
+def _scatter_lifted(op, a, indices, values, axis):
     tape = a.tape
-    idx = _data(indices, tape)
+    idx = _data(indices, tape, "i", op.name, "indices")
     ax = _norm_axis(axis, a.ndim)
     v = _var(values, tape)
     if 0 <= ax < a.ndim and idx.id >= 0 and v.id >= 0:
@@ -431,7 +454,9 @@ def dynamic_slice(a, starts, sizes):
     """``lax.dynamic_slice``: a window of ``sizes`` at data-dependent ``starts`` (clamped to fit)."""
     if a.id < 0:
         return a
-    return a.tape.apply(OX.dynamic_slice, a, _data(starts, a.tape), tuple(int(n) for n in sizes))
+    with a.tape._lifted():
+        return a.tape.apply(OX.dynamic_slice, a, _data(starts, a.tape, "i", "dynamic_slice", "starts"),
+                            tuple(int(n) for n in sizes))
 
 
 def dynamic_update_slice(a, update, starts):
@@ -439,7 +464,9 @@ def dynamic_update_slice(a, update, starts):
     if a.id < 0:
         return a
     tape = a.tape
-    return tape.apply(OX.dynamic_update_slice, a, _var(update, tape), None, _data(starts, tape))
+    with tape._lifted():
+        starts = _data(starts, tape, "i", "dynamic_update_slice", "starts")
+        return tape.apply(OX.dynamic_update_slice, a, _var(update, tape), None, starts)
 
 
 def flip(a, axis=None):

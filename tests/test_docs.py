@@ -8,7 +8,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 DIRS = ("tapegrad", "interop", "tests", "experiments", "docs")
 # a path-like token: dir/…/name.ext, not part of a URL or a longer path
 TOKEN = re.compile(r"(?<![\w./:-])((?:[\w.-]+/)*[\w-]+(?:\.[\w-]+)*\.(?:md|py|c|h|cu|toml|txt|json))(?![\w/])")
-OUTPUTS = {"report.md"}   # written by experiments/gpu_check.py into the folder it is given
 
 
 def sources():
@@ -20,12 +19,22 @@ def sources():
 
 
 def named_paths(text):
-    """The tokens of ``text`` that must be repository files: every *.md, and dir/… under a repository folder."""
-    return {t for t in TOKEN.findall(text) if t not in OUTPUTS and (t.endswith(".md") or t.split("/")[0] in DIRS)}
+    """The tokens of ``text`` that must be repository files: dir/… under a repository folder, any other
+    dir/….md, and capitalised documents (README.md, DESIGN.md). Lower-case bare names (``report.md``) and
+    ``experiments/out/`` are what experiments write, not files the repository holds."""
+    out = set()
+    for t in TOKEN.findall(text):
+        if t.startswith("experiments/out/"):
+            continue
+        if "/" in t and (t.endswith(".md") or t.split("/")[0] in DIRS) or "/" not in t and t[0].isupper() \
+                and t.endswith(".md"):
+            out.add(t)
+    return out
 
 
 def test_the_scanner_sees_paths():
-    text = "see research/interop.md §5, DESIGN.md and tapegrad/native/build.py; not https://x.org/docs/ffi.md"
+    text = ("see research/interop.md §5, DESIGN.md and tapegrad/native/build.py; not https://x.org/docs/ffi.md, "
+            "report.md or experiments/out/table.md")
     assert named_paths(text) == {"research/interop.md", "DESIGN.md", "tapegrad/native/build.py"}
 
 

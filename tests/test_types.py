@@ -43,7 +43,7 @@ def test_user_code_type_checks_against_the_annotations(tmp_path):
     pytest.importorskip("mypy")
     (tmp_path / "user.py").write_text(USER_CODE)
     r = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-                        "--cache-dir", str(tmp_path / "cache"), str(tmp_path / "user.py")], cwd=ROOT,
+                        str(tmp_path / "user.py")], cwd=ROOT,
                        capture_output=True, text=True, timeout=600, env={**os.environ, "MYPYPATH": str(ROOT)})
     errors = [line for line in r.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 1 and "user.py:15:" in errors[0] and '"int", variable has type "str"' in errors[0], r.stdout

@@ -28,6 +28,21 @@ def aligned_copy(array, dtype):
     return out
 
 
+def slab_views(shapes, dtype):
+    """One zeroed aligned slab holding arrays of ``shapes`` side by side, each starting on a 64-byte
+    boundary (the padding between them stays zero): (flat slab, [views], [(offset, size)])."""
+    dtype = np.dtype(dtype)
+    step = ALIGN // dtype.itemsize
+    spans, off = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        spans.append((off, n))
+        off += n + (-n % step)
+    flat = aligned_empty((max(off, 1),), dtype)
+    flat.fill(0)
+    return flat[:off], [flat[o:o + n].reshape(shape) for (o, n), shape in zip(spans, shapes)], spans
+
+
 class Arena:
     """Bump allocator over aligned slabs.
 

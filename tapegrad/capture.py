@@ -35,7 +35,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import ops as O
-from ._arena import aligned_copy, aligned_empty, readonly
+from ._arena import aligned_copy, aligned_empty, readonly, slab_views
 from .errors import DTypeError, ForeignVarError, LazyValueError, ShapeError, TapeError, at
 from .tape import Tape, Var
 
@@ -81,7 +81,16 @@ class _Opt:
         self.ids = [v.id for v in optimizer.params]
         self.count = optimizer.count
         self.touched = [i in prog.reached_params for i in self.ids]
-        if self.kind == "Adam":
+        # the program's whole parameter slab in registration order: moments laid out like it
+        self.whole = self.ids == prog.params
+        self.mslab = self.nslab = None
+        if self.kind == "Adam" and self.whole:
+            self.mslab, self.mu, _ = slab_views([prog.shapes[i] for i in self.ids], prog.dtype)
+            self.nslab, self.nu, _ = slab_views([prog.shapes[i] for i in self.ids], prog.dtype)
+            for have, m, n in zip(zip(self.mu, self.nu), optimizer.mu, optimizer.nu):
+                np.copyto(have[0], m, casting="unsafe")
+                np.copyto(have[1], n, casting="unsafe")
+        elif self.kind == "Adam":
             self.mu = [aligned_copy(m, prog.dtype) for m in optimizer.mu]
             self.nu = [aligned_copy(n, prog.dtype) for n in optimizer.nu]
         else:
@@ -129,8 +138,17 @@ class Program:
                         for k in self.data}
         self.val = [None] * n
         self.missing = set()
+        # parameters and their gradients side by side, as on the tape, so an optimizer updates them all
+        # with one call per ufunc
+        self.pslab, pviews, self.pspans = slab_views([self.shapes[k] for k in self.params], dtype)
+        self.gslab, gviews, _ = slab_views([self.shapes[k] for k in self.params], dtype)
+        for k, view in zip(self.params, pviews):
+            np.copyto(view, tape._val[k], casting="unsafe")
+            self.val[k] = view
         for k in range(n):
             v = tape._val[k]
+            if self.val[k] is not None:
+                continue
             if self.nodes[k][0] is O.data:
                 self.val[k] = aligned_copy(v, v.dtype)
             elif self.nodes[k][0].arity == 0:
@@ -144,6 +162,9 @@ class Program:
                 self.val[k] = aligned_empty(self.shapes[k], dtype)
         self._schedule()
         self.grads = [aligned_empty(self.shapes[k], dtype) if k in self.reached else None for k in range(n)]
+        for k, view in zip(self.params, gviews):
+            if k in self.reached:
+                self.grads[k] = view
         self._zeros = {}
         self.opt = None
         if backend == "numpy":

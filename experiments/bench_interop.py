@@ -115,12 +115,22 @@ def steps(name):
     import optax
     prog, ps, xb, yb = setup(name)
     x, y = jnp.asarray(xb), jnp.asarray(yb)
-    ep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1, 2))
+    ep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
     st = [interop.episode_state(prog)]
 
     def run_ep():
         loss, *s = ep(*st[0], (x, y))
         st[0] = s
+        loss.block_until_ready()
+
+    eppos = jax.jit(interop.program_episode(prog).positional, donate_argnums=(0, 1, 2))
+    sp0 = interop.episode_state(prog)
+    stp = [(tuple(sp0[0][n] for n in prog.param_names), tuple(a for pair in zip(sp0[1].mu.values(), sp0[1].nu.values())
+                                                           for a in pair), sp0[1].count.astype(prog.dtype))]
+
+    def run_eppos():
+        loss, *s = eppos(*stp[0], (x, y))
+        stp[0] = s
         loss.block_until_ready()
 
     epf = jax.jit(interop.program_episode(prog, flat=True), donate_argnums=0)
@@ -153,7 +163,8 @@ def steps(name):
         loss.block_until_ready()
 
     return {"program_episode in jit (FFI, flat state)": timeit(run_epf),
-            "program_episode in jit (FFI, one operand per array)": timeit(run_ep),
+            "program_episode in jit (FFI, named state, one operand per array)": timeit(run_ep),
+            "program_episode in jit (FFI, positional tuples, one operand per array)": timeit(run_eppos),
             "jax.jit(value_and_grad + optax.adam)": timeit(run_j),
             "pure_callback episode in jit": timeit(run_pc),
             "native episode, no JAX (floor)": timeit(lambda: prog.runner.episode())}

@@ -1,6 +1,6 @@
 """Zero-copy bridges between tapegrad memory (NumPy, CuPy) and JAX arrays, over DLPack.
 
-Policy (research/interop.md §5): an array crosses without a copy when it is 64-byte aligned, compact
+Policy (docs/interop.md, "DLPack"): an array crosses without a copy when it is 64-byte aligned, compact
 (C or Fortran order), non-empty, of a dtype DLPack carries, and its memory is writable (a read-only
 *view* of writable memory, such as ``tape.value(v)``, counts: tapegrad hands out read-only views of
 its own buffers). Otherwise ``copy=None`` copies and warns with ``CopyWarning``; ``copy=False``
@@ -11,8 +11,10 @@ A zero-copy JAX array *aliases* the tape's buffer: an optimizer step or a ``rese
 the memory changes what the JAX array reads. Take ``copy=True`` for a snapshot.
 """
 import warnings
+from typing import Any, Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tapegrad.errors import ArgumentError, DTypeError
 
@@ -57,7 +59,7 @@ def _writable_alias(a):
     return v
 
 
-def to_jax(array, copy=None):
+def to_jax(array: ArrayLike, copy: Optional[bool] = None) -> "jax.Array":
     """A JAX array (CPU) holding the same memory as the NumPy array ``array`` when possible.
 
     ``copy=None``: share when possible, else copy with a ``CopyWarning``; ``copy=False``: share or
@@ -93,7 +95,7 @@ def to_jax(array, copy=None):
     return jnp.array(a, copy=True)
 
 
-def from_jax(x, copy=None):
+def from_jax(x: "jax.Array", copy: Optional[bool] = None) -> np.ndarray:
     """A read-only NumPy view of a JAX CPU array's memory (zero-copy), or a copy where it must be.
 
     A JAX array on a device other than the host (a GPU) cannot be viewed from NumPy: ``copy=None``
@@ -149,7 +151,7 @@ def _cupy():
     return cupy
 
 
-def cupy_to_jax(array, copy=None):
+def cupy_to_jax(array: Any, copy: Optional[bool] = None) -> "jax.Array":
     """A JAX GPU array sharing a CuPy array's memory (stream-ordered by DLPack's ``stream=``).
 
     ``copy=True`` copies on the device first (``cupy.ascontiguousarray(array).copy()``); a strided
@@ -169,7 +171,7 @@ def cupy_to_jax(array, copy=None):
     return jnp.from_dlpack(array)
 
 
-def jax_to_cupy(x, copy=None):
+def jax_to_cupy(x: "jax.Array", copy: Optional[bool] = None) -> Any:
     """A CuPy array sharing a JAX GPU array's memory. Treat it as read-only: JAX arrays are immutable
     and CuPy cannot mark memory read-only. ``copy=True`` gives an independent CuPy array."""
     cp = _cupy()

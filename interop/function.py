@@ -1,5 +1,6 @@
 """``jax_function``: a computation recorded on a tapegrad tape, as a differentiable JAX function."""
 import functools
+from typing import Any, Callable, Literal
 
 import numpy as np
 
@@ -9,11 +10,15 @@ from ._jax import jax
 from .callback import host_call
 
 
-class TransformError(TypeError):
-    """A JAX transformation that a tape-backed function cannot support (forward mode, grad of grad)."""
+class TransformError(tg.TapeError, TypeError):
+    """A JAX transformation that a tape-backed function cannot support (forward mode, grad of grad).
+
+    Part of tapegrad's error family: ``except tapegrad.TapeError`` catches it too.
+    """
 
 
-def jax_function(build, *, vmap_method="sequential"):
+def jax_function(build: Callable[..., tg.Var], *,
+                 vmap_method: Literal["sequential", "broadcast_all"] = "sequential") -> Callable[..., Any]:
     """Turn ``build(tape, *vars) -> Var`` into a JAX function of arrays with tapegrad's backward.
 
     Each call registers the arrays as parameters on a fresh tape, runs ``build`` and returns the

@@ -45,7 +45,7 @@ class ConfigError(TapeError, ValueError):
     """A setting outside its valid range (e.g. Adam's ``b1 >= 1``, a negative learning rate)."""
 
 
-def at(op, node):
+def at(op: str, node: int) -> str:
     """The message prefix ``op (node i)`` every error starts with."""
     return f"{op} (node {node})"
 

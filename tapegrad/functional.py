@@ -1,15 +1,22 @@
 """The ops as functions and as Var methods/operators; scalars and arrays are lifted onto the tape."""
+from __future__ import annotations
+
 import builtins
 import math
 import numbers
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import ops as O
 from . import ops_index as OX
 from .ops import Bad, check_axes
-from .tape import Var
+from .tape import Operand, Tape, Var
 from .errors import ArgumentError, DTypeError, ShapeError, TapeError, at
+
+Axis = Union[None, int, Sequence[int]]
 
 
 def _tape(*xs):
@@ -19,7 +26,7 @@ def _tape(*xs):
     raise TypeError(f"expected at least one Var among {[type(x).__name__ for x in xs]}")
 
 
-def _var(x, tape, opname="const", arg="b"):
+def _var(x: Any, tape: Tape, opname: str = "const", arg: str = "b") -> Var:
     """A Var for a float operand ``x``: Vars pass through, arrays become constants on ``tape`` (integer
     and bool arrays are converted to the tape's dtype here, as NumPy promotes them in arithmetic)."""
     if isinstance(x, Var):
@@ -83,39 +90,39 @@ def _divs(v, s, flip):
     return v.tape.apply(O.rdivs if flip else O.divs, v, None, s)
 
 
-def add(a, b):
+def add(a: Operand, b: Operand) -> Var:
     """a + b, broadcasting (a Python scalar on either side becomes ``adds``)."""
     if type(a) is Var and type(b) is Var:
         return a.tape.apply(O.add, a, b)
     return _binary(O.add, _adds, a, b)
 
 
-def sub(a, b):
+def sub(a: Operand, b: Operand) -> Var:
     """a − b, broadcasting."""
     if type(a) is Var and type(b) is Var:
         return a.tape.apply(O.sub, a, b)
     return _binary(O.sub, _subs, a, b)
 
 
-def mul(a, b):
+def mul(a: Operand, b: Operand) -> Var:
     """a · b, broadcasting (a scalar on either side becomes ``muls``)."""
     if type(a) is Var and type(b) is Var:
         return a.tape.apply(O.mul, a, b)
     return _binary(O.mul, _muls, a, b)
 
 
-def div(a, b):
+def div(a: Operand, b: Operand) -> Var:
     """a / b, broadcasting (a scalar divisor becomes ``divs``, a scalar dividend ``rdivs``)."""
     return _binary(O.div, _divs, a, b)
 
 
-def maximum(a, b):
+def maximum(a: Operand, b: Operand) -> Var:
     """Elementwise max, broadcasting; ties share the gradient equally."""
     return _binary(O.maximum, None, a, b)
 
 
-def _unary(op):
-    def f(a):
+def _unary(op) -> Callable[[Var], Var]:
+    def f(a: Var) -> Var:
         return a.tape.apply(op, a)
     f.__name__ = op.name
     f.__doc__ = op.doc or f"elementwise {op.name}"
@@ -126,7 +133,7 @@ neg, relu, sigmoid, tanh, exp, log, sqrt, abs, square = (
     _unary(getattr(O, n)) for n in ("neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "square"))
 
 
-def power(a, p):
+def power(a: Var, p: float) -> Var:
     """a ** p for a constant p (``square`` when p == 2)."""
     if not _scalar(p):
         raise TypeError(f"{at('pow', len(a.tape))}: the exponent must be a constant number, got {type(p).__name__}")
@@ -145,8 +152,8 @@ def _axes(opname, a, axis, keepdims):
         raise ShapeError(f"{at(opname, len(a.tape))}: {e}") from None
 
 
-def _reduce(op):
-    def f(a, axis=None, keepdims=False, dtype=None, out=None):
+def _reduce(op) -> Callable[..., Var]:
+    def f(a: Var, axis: Axis = None, keepdims: bool = False, dtype: Any = None, out: Any = None) -> Var:
         if a.id < 0:
             return a
         try:
@@ -169,17 +176,17 @@ def _reduce(op):
 sum, mean, max = (_reduce(getattr(O, n)) for n in ("sum", "mean", "max"))
 
 
-def matmul(a, b):
+def matmul(a: Operand, b: Operand) -> Var:
     """(m, k) @ (k, n) through BLAS."""
     return _binary(O.matmul, None, a, b)
 
 
-def bmm(a, b):
+def bmm(a: Operand, b: Operand) -> Var:
     """Batched (B, m, k) @ (B, k, n)."""
     return _binary(O.bmm, None, a, b)
 
 
-def transpose(a, axes=None):
+def transpose(a: Var, axes: Optional[Sequence[int]] = None) -> Var:
     """Permute axes (default: reverse them), as ``numpy.transpose``."""
     if a.id < 0:
         return a
@@ -196,7 +203,7 @@ def transpose(a, axes=None):
     return a.tape.apply(O.transpose, a, None, axes)
 
 
-def reshape(a, *shape):
+def reshape(a: Var, *shape: Any) -> Var:
     """A copy with a new shape (one -1 is inferred, as in NumPy)."""
     if a.id < 0:
         return a
@@ -212,13 +219,13 @@ def reshape(a, *shape):
     return a.tape.apply(O.reshape, a, None, shape)
 
 
-def broadcast_to(a, shape):
+def broadcast_to(a: Var, shape: Sequence[int]) -> Var:
     """Broadcast to ``shape`` (the gradient sums back over the stretched axes)."""
     return a.tape.apply(O.broadcast_to, a, None, tuple(int(n) for n in shape))
 
 
-def _axis_op(op):
-    def f(a, axis=-1):
+def _axis_op(op) -> Callable[..., Var]:
+    def f(a: Var, axis: int = -1) -> Var:
         if a.id < 0:
             return a
         if not isinstance(axis, (int, np.integer)) or not -a.ndim <= axis < a.ndim:
@@ -233,7 +240,7 @@ def _axis_op(op):
 softmax, log_softmax = _axis_op(O.softmax), _axis_op(O.logsoftmax)
 
 
-def concat(xs, axis=0):
+def concat(xs: Iterable[Var], axis: int = 0) -> Var:
     """Join Vars along ``axis`` (a chain of binary ``concat`` nodes)."""
     xs = list(xs)
     if not xs or not builtins.any(isinstance(x, Var) for x in xs):
@@ -251,7 +258,7 @@ def concat(xs, axis=0):
         return out
 
 
-def getitem(a, key):
+def getitem(a: Var, key: Any) -> Var:
     """NumPy basic indexing (ints, slices with any step, ``None``, ``...``) plus one integer array
     (or integer data Var) index, as ``x[idx]`` for an embedding lookup: ``take`` along that axis.
 
@@ -334,12 +341,12 @@ def _scalar_index(k):
     return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
 
 
-def mse(y, t):
+def mse(y: Operand, t: Operand) -> Var:
     """Mean squared error mean((y − t)²), a composite of registry ops."""
     return mean(square(sub(y, t)))
 
 
-def softmax_cross_entropy(logits, targets, axis=-1):
+def softmax_cross_entropy(logits: Operand, targets: Union[Operand, ArrayLike], axis: int = -1) -> Var:
     """Mean over rows of −Σ targets · log_softmax(logits) along ``axis`` (one fused node).
 
     ``targets`` (one-hot or any distribution per row) may be a Var or an array.

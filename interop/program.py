@@ -6,9 +6,13 @@ compiled by tapegrad's content-hashed build cache (``tapegrad.native.build``) an
 after ``jax.devices()`` under target names carrying the source hash. A program is loaded into the
 handler's native table under ``program.hash64``; the HLO carries only that hash (attribute ``prog``).
 
-Without a C compiler (or for a NumPy-backend program) the same functions run the program through
-``interop.callback`` (zero-copy host callback) with the same results: both paths copy the operands
-into the program's slots, run the program's own code, and copy the results out.
+The handler runs the program on XLA's own buffers: it points a per-device copy of the program's
+pointer table at the operands and results (no copies in or out), so the episode's parameters and
+optimizer state are updated where XLA keeps them (in place when donated), and shards on different
+host devices run at the same time on their own instances. Without a C compiler (or for a NumPy-backend
+program) the same functions run the program through ``interop.callback`` (zero-copy host callback),
+which copies the operands into the program's slots, runs the program's own code and copies the
+results out; both paths give the same bits.
 """
 import ctypes
 import hashlib
@@ -62,6 +66,7 @@ def native_library():
         lib = ctypes.CDLL(path)
         lib.tg_load.argtypes, lib.tg_load.restype = [ctypes.c_void_p], ctypes.c_int
         lib.tg_unload.argtypes, lib.tg_unload.restype = [ctypes.c_int64], ctypes.c_int
+        lib.tg_instances.argtypes, lib.tg_instances.restype = [ctypes.c_int64], ctypes.c_int
         jax.devices()
         h8 = hashlib.sha256(src.encode()).hexdigest()[:8]
         names = {}
@@ -84,11 +89,9 @@ def load(program):
     abi = program.native_abi()
     h = program.hash64
     es = np.dtype(abi["dtype"]).itemsize
-    slots = abi["params"] + abi["grads"] + abi["inputs"] + abi["opt_state"]
-    desc = [_i64(h), abi["forward"], abi["backward"], abi["episode"], abi["ctx"], abi["loss"],
-            abi["step_scalars"], es, len(abi["params"]), len(abi["inputs"]), len(abi["opt_state"])]
-    for ptr, shape in slots:
-        desc += [ptr, int(np.prod(shape))]
+    desc = [_i64(h), abi["forward"], abi["backward"], abi["episode"], abi["ctx"], abi["sizes"], abi["table_len"],
+            abi["loss_index"], es, len(abi["params"]), len(abi["inputs"]), len(abi["opt_state"])]
+    desc += abi["param_index"] + abi["input_index"] + abi["grad_index"]
     arr = np.array(desc, np.int64)
     if lib[0].tg_load(arr.ctypes.data) != 0:
         raise MemoryError("load: tg_load could not allocate its table entry")
@@ -102,6 +105,13 @@ def unload(program_or_hash):
     lib = native_library()
     found = bool(lib and lib[0].tg_unload(_i64(h)))
     return found
+
+
+def instances(program):
+    """How many devices have run ``program`` through the native handler (each has its own instance:
+    a private pointer table and, beyond device 0, private buffers); -1 when it is not loaded."""
+    lib = native_library()
+    return lib[0].tg_instances(_i64(program.hash64)) if lib else -1
 
 
 def _i64(h):

@@ -14,6 +14,14 @@ registration order (empty for SGD or when nothing is attached).
 ``count``, adds one, and computes Adam's bias corrections from it in C (``1 − b**count`` with the C
 library's ``pow``, as ``Adam.step_scalars`` does on the host), so a caller only ever owns the counter:
 write ``count`` there to restore a checkpoint, read it back after steps.
+
+For callers that run the functions on their own buffers (a private copy of the table whose entries
+point elsewhere, e.g. at XLA's operands): ``table_len`` (entries in ``ctx``), ``sizes`` (address of an
+int64 array parallel to the table: the byte size of each buffer entry, 0 elsewhere), and the table
+indices ``param_index`` / ``input_index`` / ``grad_index`` (-1 for a parameter backward does not
+reach: its gradient is zeros) / ``loss_index``. Entry ``[2]`` is the step scalars, ``[3]``/``[4]`` the
+optimizer configuration and parameter table (read only: their ``[w, g, gt, mu, nu]`` rows are table
+indices). The table changes only when an optimizer is attached.
 """
 import ctypes
 import math
@@ -136,6 +144,7 @@ class NativeRunner:
         self.pinfo = np.zeros(8 * max(len(p.params), 1), np.int64)
         self.base = len(self.bufs)       # optimizer buffers go after these; the table never moves
         self.table = np.zeros(codegen.FIRST + self.base + 5 * len(p.params), np.uint64)
+        self.sizes = np.zeros(len(self.table), np.int64)
         self._fill_table()
         self.ctx = ctypes.c_void_p(_addr(self.table))
         self.fns = {}
@@ -149,8 +158,10 @@ class NativeRunner:
         t = self.table
         t[0], t[1] = gemm, dot
         t[2], t[3], t[4] = _addr(self.sc), _addr(self.cfg), _addr(self.pinfo)
+        self.sizes[:] = 0
         for i, a in enumerate(self.bufs):
             t[codegen.FIRST + i] = _addr(a)
+            self.sizes[codegen.FIRST + i] = a.nbytes
 
     # ── running ──────────────────────────────────────────────────────────────
 
@@ -229,4 +240,11 @@ class NativeRunner:
             "dtype": str(p.dtype),
             "opt_state": state,
             "step_scalars": _addr(self.sc),
+            "table_len": len(self.table),
+            "sizes": _addr(self.sizes),
+            "param_index": [codegen.FIRST + self.index[("v", k)] for k in p.params],
+            "input_index": [codegen.FIRST + self.index[("v", k)] for k in p.consts],
+            "grad_index": [codegen.FIRST + self.index[("g", k)] if ("g", k) in self.index else -1
+                           for k in p.params],
+            "loss_index": codegen.FIRST + self.index[("v", p.loss_id)],
         }

@@ -48,7 +48,7 @@ def runtime_source():
     return "\n".join(parts)
 
 
-def prologue(dtype, blas_bits=32):
+def prologue(dtype, blas_bits=32, small_mm=0):
     f32 = str(dtype) == "float32"
     real = "float" if f32 else "double"
     suf = "f" if f32 else ""
@@ -62,6 +62,7 @@ def prologue(dtype, blas_bits=32):
         "#define TG_FN static __attribute__((unused))",
         f"#define TG_FIRST {FIRST}",
         f"typedef {'long long' if blas_bits == 64 else 'int'} tg_bint;   /* the BLAS integer */",
+        f"#define TG_MM_SMALL {int(small_mm)}L   /* products of at most this many multiply-adds skip BLAS */",
         "typedef void (*tg_gemm_t)(char *, char *, tg_bint *, tg_bint *, tg_bint *, real *, real *, tg_bint *, "
         "real *, tg_bint *, real *, real *, tg_bint *);",
         "typedef real (*tg_dot_t)(tg_bint *, real *, tg_bint *, real *, tg_bint *);",
@@ -75,8 +76,9 @@ def _arr(vals):
 class Emitter:
     """Prints one program. ``buf`` maps ("v", k) / ("g", k) / ("S", j) to buffer-table indices."""
 
-    def __init__(self, prog, buf, segments_fwd, segments_bwd, blas_bits=32, target="c"):
+    def __init__(self, prog, buf, segments_fwd, segments_bwd, blas_bits=32, target="c", small_mm=0):
         self.p, self.buf, self.blas_bits, self.target = prog, buf, blas_bits, target
+        self.small_mm = small_mm
         self.d = dialect(prog.dtype, target)
         self.segf, self.segb = segments_fwd, segments_bwd
         self.helpers = []
@@ -89,7 +91,7 @@ class Emitter:
                 raise TapeError(f"{at(op.name, k)}: the native backend has no C form of this elementwise op "
                                 f"(its registry entry lacks c_fwd); use backend='numpy'")
         fwd, bwd = self.forward_body(), self.backward_body()
-        out = [prologue(p.dtype, self.blas_bits), runtime_source(), ""] + self.helpers
+        out = [prologue(p.dtype, self.blas_bits, self.small_mm), runtime_source(), ""] + self.helpers
         out += self.function("tg_forward", fwd)
         out += self.function("tg_backward", bwd)
         out += ["void tg_step(void *ctx)", "{", "    tg_opt_step((void **)ctx);", "}", "",

@@ -54,6 +54,41 @@ def blas_pointers(dtype):
     return _BLAS[key]
 
 
+# Products of at most this many multiply-adds run in the generated C's own kernel (tg_mm_small in
+# runtime.c), larger ones in BLAS. Measured on a 2-core Xeon (AVX-512) against OpenBLAS 0.3.31's Haswell
+# kernels, the ones it runs on AMD Zen and AVX2 Intel CPUs (experiments/bench_gemm.py): the C kernel is
+# 1.1-1.8x faster up to 32x32x32 and on narrow products (n = 4, 10) up to 64x10x128, at parity near
+# 64x128x64 and 0.6-0.8x beyond. OpenBLAS's SkylakeX-family kernels have their own small-matrix path
+# (~90 GFLOP/s at 32x32x16 on one core, 1.7x ours): there BLAS takes every product.
+SMALL_GEMM = 1 << 17
+_BLAS_SMALL_PATH = ("skylakex", "cooperlake", "sapphirerapids")
+
+
+def small_gemm_limit(dtype):
+    """The ``SMALL_GEMM`` threshold for the BLAS ``blas_pointers(dtype)`` found, 0 for an OpenBLAS core
+    with its own small-matrix kernels (``TAPEGRAD_SMALL_GEMM`` overrides it, for measurements)."""
+    env = os.environ.get("TAPEGRAD_SMALL_GEMM")
+    if env is not None:
+        return int(env)
+    core = blas_core(dtype)
+    return 0 if core.lower() in _BLAS_SMALL_PATH else SMALL_GEMM
+
+
+def blas_core(dtype):
+    """OpenBLAS's kernel family (e.g. "Haswell", "SkylakeX") of the BLAS a program calls, or ""."""
+    path = blas_pointers(dtype)[3]
+    if not os.path.exists(path):
+        return ""
+    lib = ctypes.CDLL(path)
+    for name in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
+                 "openblas_get_corename"):
+        f = getattr(lib, name, None)
+        if f is not None:
+            f.restype = ctypes.c_char_p
+            return (f() or b"").decode()
+    return ""
+
+
 def _numpy_blas(pre):
     try:
         with open("/proc/self/maps") as f:
@@ -136,7 +171,8 @@ class NativeRunner:
         self.bufs, self.index = layout(p)
         self.fwd_segs, self.bwd_segs = fuse.plan(p, bool(p.fuse), p.fuse == "libm")
         self.blas = blas_pointers(p.dtype)
-        self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2]).emit()
+        self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2],
+                                      small_mm=small_gemm_limit(p.dtype)).emit()
         self.path = build.build(self.source)
         self.lib = build.load(self.path)
         self.sc = np.zeros(8, np.float64)

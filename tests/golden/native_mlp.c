@@ -7,6 +7,7 @@ typedef double real;
 #define TG_FN static __attribute__((unused))
 #define TG_FIRST 8
 typedef int tg_bint;   /* the BLAS integer */
+#define TG_MM_SMALL 0L   /* products of at most this many multiply-adds skip BLAS */
 typedef void (*tg_gemm_t)(char *, char *, tg_bint *, tg_bint *, tg_bint *, real *, real *, tg_bint *, real *, tg_bint *, real *, real *, tg_bint *);
 typedef real (*tg_dot_t)(tg_bint *, real *, tg_bint *, real *, tg_bint *);
 

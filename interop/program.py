@@ -66,7 +66,7 @@ def native_library():
         lib = ctypes.CDLL(path)
         lib.tg_load.argtypes, lib.tg_load.restype = [ctypes.c_void_p], ctypes.c_int
         lib.tg_unload.argtypes, lib.tg_unload.restype = [ctypes.c_int64], ctypes.c_int
-        lib.tg_instances.argtypes, lib.tg_instances.restype = [ctypes.c_int64], ctypes.c_int
+        lib.tg_stats.argtypes, lib.tg_stats.restype = [ctypes.c_int64, ctypes.c_void_p], ctypes.c_int
         jax.devices()
         h8 = hashlib.sha256(src.encode()).hexdigest()[:8]
         names = {}
@@ -92,11 +92,44 @@ def load(program):
     desc = [_i64(h), abi["forward"], abi["backward"], abi["episode"], abi["ctx"], abi["sizes"], abi["table_len"],
             abi["loss_index"], es, len(abi["params"]), len(abi["inputs"]), len(abi["opt_state"])]
     desc += abi["param_index"] + abi["input_index"] + abi["grad_index"]
+    get, set_ = _blas_threads(program)
+    big = any(program.nodes[k][0].kind == "matmul" and _mnk(program, k) > OPENBLAS_THREADED for k in program.compute)
+    desc += [get, set_, int(big), SPLIT_PRODUCTS]
     arr = np.array(desc, np.int64)
     if lib[0].tg_load(arr.ctypes.data) != 0:
         raise MemoryError("load: tg_load could not allocate its table entry")
     _PINNED[h] = (program, program.opt, program.runner)
     return h
+
+
+# Inside the handler, products of at least SPLIT_PRODUCTS multiply-adds are split by rows over XLA's
+# intra-op thread pool, one single-threaded BLAS call per part (experiments/bench_interop.py, medium and
+# large). OpenBLAS starts its own threads from about 4·65536 multiply-adds (its GEMM_MULTITHREAD_THRESHOLD);
+# programs with a product above OPENBLAS_THREADED run with OpenBLAS single-threaded during the call.
+SPLIT_PRODUCTS = 1 << 20
+OPENBLAS_THREADED = 1 << 16
+
+
+def _mnk(program, k):
+    _, a, b, _ = program.nodes[k]
+    return int(np.prod(program.shapes[a])) * int(program.shapes[b][-1])
+
+
+def _blas_threads(program):
+    """Addresses of OpenBLAS's get/set thread-count functions in the BLAS the program calls (0, 0 if
+    that BLAS is not an OpenBLAS exporting them)."""
+    from tapegrad.native import runner
+    path = runner.blas_pointers(program.dtype)[3]
+    if not os.path.exists(path):
+        return 0, 0
+    lib = ctypes.CDLL(path)
+    for suffix in ("64_", "_64_", ""):
+        for pre in ("scipy_openblas", "openblas"):
+            get = getattr(lib, f"{pre}_get_num_threads{suffix}", None)
+            set_ = getattr(lib, f"{pre}_set_num_threads{suffix}", None)
+            if get is not None and set_ is not None:
+                return (ctypes.cast(get, ctypes.c_void_p).value, ctypes.cast(set_, ctypes.c_void_p).value)
+    return 0, 0
 
 
 def unload(program_or_hash):
@@ -107,11 +140,15 @@ def unload(program_or_hash):
     return found
 
 
-def instances(program):
-    """How many devices have run ``program`` through the native handler (each has its own instance:
-    a private pointer table and, beyond device 0, private buffers); -1 when it is not loaded."""
+def stats(program):
+    """``{"instances": devices that ran ``program`` through the native handler (each has its own
+    instance: a private pointer table and, beyond device 0, private buffers), "splits": products split
+    over XLA's thread pool}``, or None when it is not loaded."""
     lib = native_library()
-    return lib[0].tg_instances(_i64(program.hash64)) if lib else -1
+    out = np.zeros(2, np.int64)
+    if lib is None or lib[0].tg_stats(_i64(program.hash64), out.ctypes.data) != 0:
+        return None
+    return {"instances": int(out[0]), "splits": int(out[1])}
 
 
 def _i64(h):

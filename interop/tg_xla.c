@@ -25,6 +25,7 @@
  * The episode's params/state/count results alias their operands (input_output_aliases).
  */
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,10 +34,24 @@
 typedef void (*tg_fn)(void *);
 #define TG_MAX_DEVICES 256
 
+/* The generated code's view of a thread pool (runtime.c's tg_pool, at table entry 6). */
+typedef struct tg_pool {
+  void (*run)(struct tg_pool *self, int parts, void (*fn)(void *, int), void *arg);
+  long min_mnk;
+  int parts;
+} tg_pool;
+
 /* One device's instance: `base` is the table the program runs on between calls (its own buffers),
  * `run` the copy whose slot entries point at XLA's buffers, `snap` the program's table it was made
  * from (a changed table -- an optimizer attached since -- rebuilds the instance). */
 typedef struct {
+  tg_pool pool;             /* first: the generated code's tg_pool is this instance */
+  XLA_FFI_CallFrame *cf;    /* the call running on this instance (its ctx schedules pool tasks) */
+  void (*fn)(void *, int);  /* the split product being run: part i is fn(arg, i) */
+  void *arg;
+  uint64_t state;           /* generation << 32 | parts << 16 | next part to claim */
+  int64_t splits;           /* products split so far (diagnostics) */
+  int done;                 /* parts finished */
   uint64_t *snap, *base, *run;
   double sc[8];
   int64_t *pairs, npairs;   /* (table index, slot) for every entry that names a slot's buffer */
@@ -53,6 +68,10 @@ typedef struct tg_prog {
   const int64_t *sizes;     /* byte size of each table entry's buffer */
   int64_t tlen, esize, np, ni, ns, loss;
   int64_t *index;           /* table index of each slot: np params, ni inputs, np grads (-1: none) */
+  int (*blas_get)(void);    /* OpenBLAS's thread count get/set (NULL: not OpenBLAS) */
+  void (*blas_set)(int);
+  int64_t big;              /* products large enough for OpenBLAS to start its own threads */
+  int64_t min_mnk;          /* products split over XLA's thread pool from this size (0: never) */
   tg_inst *inst[TG_MAX_DEVICES];
   pthread_mutex_t mu;       /* guards creating instances */
   struct tg_prog *next;
@@ -77,9 +96,9 @@ static tg_prog *tg_find(uint64_t hash) {
 }
 
 /* Load (or replace) a program. `desc` = [hash, forward, backward, episode, table, sizes, table_len,
- * loss_index, esize, np, ni, ns, then np param indices, ni input indices, np grad indices]. Entries
- * are never freed while the process runs (an executable may still name the hash); unloading only
- * unlinks. */
+ * loss_index, esize, np, ni, ns, then np param indices, ni input indices, np grad indices, then
+ * blas_get, blas_set, big, min_mnk]. Entries are never freed while the process runs (an executable
+ * may still name the hash); unloading only unlinks. */
 int tg_load(const int64_t *desc) {
   tg_prog *p = calloc(1, sizeof *p);
   if (!p) return -1;
@@ -99,6 +118,10 @@ int tg_load(const int64_t *desc) {
   p->index = malloc((n ? n : 1) * sizeof *p->index);
   if (!p->index) { free(p); return -1; }
   memcpy(p->index, desc + 12, n * sizeof *p->index);
+  p->blas_get = (int (*)(void))(intptr_t)desc[12 + n];
+  p->blas_set = (void (*)(int))(intptr_t)desc[13 + n];
+  p->big = desc[14 + n];
+  p->min_mnk = desc[15 + n];
   pthread_mutex_init(&p->mu, NULL);
   pthread_mutex_lock(&tg_table_mu);
   tg_prog **at = &tg_table[p->hash % TG_BUCKETS];
@@ -211,6 +234,109 @@ static tg_inst *tg_acquire(tg_prog *p, int device, const char **why) {
     if (*why) { tg_inst_clear(in); pthread_mutex_unlock(&in->mu); return NULL; }
   }
   return in;
+}
+
+/* ── the thread pool the generated code splits large products over ──────── */
+
+/* Claim parts of the current split product until none is left (the caller and pool tasks alike). */
+static void tg_pool_work(tg_inst *in) {
+  for (;;) {
+    uint64_t s = __atomic_load_n(&in->state, __ATOMIC_ACQUIRE);
+    uint64_t next = s & 0xffff, parts = (s >> 16) & 0xffff;
+    if (next >= parts) return;
+    if (!__atomic_compare_exchange_n(&in->state, &s, s + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
+    in->fn(in->arg, (int)next);
+    __atomic_add_fetch(&in->done, 1, __ATOMIC_RELEASE);
+  }
+}
+
+/* A pool task. It may start late, after its product is finished (it then finds no part to claim)
+ * or during a later one (it helps with that): instances are never freed, so `in` stays valid. */
+static void tg_pool_task(void *data) { tg_pool_work((tg_inst *)data); }
+
+/* tg_pool.run: parts-1 tasks on XLA's intra-op pool, the calling thread claiming parts too, so the
+ * product completes even if no task ever runs (XLA promises no parallelism); returns when all are done. */
+static void tg_pool_run(tg_pool *self, int parts, void (*fn)(void *, int), void *arg) {
+  tg_inst *in = (tg_inst *)self;
+  XLA_FFI_CallFrame *cf = in->cf;
+  in->splits++;
+  in->fn = fn;
+  in->arg = arg;
+  __atomic_store_n(&in->done, 0, __ATOMIC_RELAXED);
+  uint64_t gen = (__atomic_load_n(&in->state, __ATOMIC_RELAXED) >> 32) + 1;
+  __atomic_store_n(&in->state, gen << 32 | (uint64_t)parts << 16, __ATOMIC_RELEASE);
+  for (int t = 1; t < parts; t++) {
+    XLA_FFI_ThreadPool_Schedule_Args a;
+    memset(&a, 0, sizeof a);
+    a.struct_size = XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE;
+    a.ctx = cf->ctx;
+    a.task = tg_pool_task;
+    a.data = in;
+    XLA_FFI_Error *e = cf->api->XLA_FFI_ThreadPool_Schedule(&a);
+    if (e) {
+      XLA_FFI_Error_Destroy_Args d;
+      memset(&d, 0, sizeof d);
+      d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
+      d.error = e;
+      cf->api->XLA_FFI_Error_Destroy(&d);
+      break;
+    }
+  }
+  tg_pool_work(in);
+  while (__atomic_load_n(&in->done, __ATOMIC_ACQUIRE) < parts) sched_yield();
+}
+
+/* Parts per split product: XLA's intra-op pool size (1, never split, when it has none). */
+static int tg_pool_parts(XLA_FFI_CallFrame *cf) {
+  XLA_FFI_ThreadPool_NumThreads_Args a;
+  int64_t n = 0;
+  memset(&a, 0, sizeof a);
+  a.struct_size = XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE;
+  a.ctx = cf->ctx;
+  a.num_threads = &n;
+  XLA_FFI_Error *e = cf->api->XLA_FFI_ThreadPool_NumThreads(&a);
+  if (e) {
+    XLA_FFI_Error_Destroy_Args d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
+    d.error = e;
+    cf->api->XLA_FFI_Error_Destroy(&d);
+    return 1;
+  }
+  return n < 1 ? 1 : n > 64 ? 64 : (int)n;
+}
+
+/* While any handler runs a program with large products, OpenBLAS runs single-threaded: its own
+ * spinning threads next to XLA's on the same cores stalled calls by up to ~100 ms; XLA's pool does
+ * the parallel work instead (tg_pool_run). The count is restored when the last such handler ends. */
+static pthread_mutex_t tg_blas_mu = PTHREAD_MUTEX_INITIALIZER;
+static int tg_blas_users, tg_blas_saved;
+
+static void tg_blas_enter(tg_prog *p) {
+  if (!p->big || !p->blas_set) return;
+  pthread_mutex_lock(&tg_blas_mu);
+  if (tg_blas_users++ == 0) {
+    tg_blas_saved = p->blas_get ? p->blas_get() : 1;
+    if (tg_blas_saved != 1) p->blas_set(1);
+  }
+  pthread_mutex_unlock(&tg_blas_mu);
+}
+
+static void tg_blas_leave(tg_prog *p) {
+  if (!p->big || !p->blas_set) return;
+  pthread_mutex_lock(&tg_blas_mu);
+  if (--tg_blas_users == 0 && tg_blas_saved != 1) p->blas_set(tg_blas_saved);
+  pthread_mutex_unlock(&tg_blas_mu);
+}
+
+/* Before running an instance for call frame cf: its pool (table entry 6) and BLAS's thread count. */
+static void tg_begin_run(tg_prog *p, tg_inst *in, XLA_FFI_CallFrame *cf) {
+  in->cf = cf;
+  in->pool.run = tg_pool_run;
+  in->pool.min_mnk = p->min_mnk;
+  in->pool.parts = p->min_mnk > 0 ? tg_pool_parts(cf) : 1;
+  in->run[6] = (uint64_t)(intptr_t)&in->pool;
+  tg_blas_enter(p);
 }
 
 /* Point the run table's slot entries at `ptr[slot]` (NULL: the instance's own buffer). */
@@ -372,6 +498,7 @@ static XLA_FFI_Error *tg_run(XLA_FFI_CallFrame *cf, const char *who, int grads) 
   int64_t es = p->esize, nslots = TG_NSLOTS(p);
   char *ptr[nslots ? nslots : 1];
   memset(ptr, 0, sizeof ptr);
+  tg_begin_run(p, in, cf);
   for (int64_t b = 0; b < B; b++) {
     for (int64_t k = 0; k < p->np + p->ni; k++)
       ptr[k] = tg_data(cf, 0, k) + b * tg_slot_elems(p, k) * es;
@@ -385,6 +512,7 @@ static XLA_FFI_Error *tg_run(XLA_FFI_CallFrame *cf, const char *who, int grads) 
     if (grads) p->backward(in->run);
     memcpy(tg_data(cf, 1, 0) + b * es, (char *)(intptr_t)in->run[p->loss], es);
   }
+  tg_blas_leave(p);
   pthread_mutex_unlock(&in->mu);
   return NULL;
 }
@@ -464,7 +592,9 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
     }
   char *cnt_in = flat ? tg_data(cf, 0, 0) + off : tg_data(cf, 0, nw);
   in->sc[0] = es == 8 ? *(double *)cnt_in : (double)*(float *)cnt_in;
+  tg_begin_run(p, in, cf);
   p->episode(in->run);
+  tg_blas_leave(p);
   for (int64_t k = 0; k < nw; k++)
     if (!ptr[k < np ? k : TG_SLOT_STATE(p, k - np)]) {
       int64_t i = k < np ? p->index[k] : TG_FIRST + pinfo[8 * ((k - np) / 2) + 3 + (k - np) % 2];
@@ -480,11 +610,19 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
 XLA_FFI_Error *tg_episode(XLA_FFI_CallFrame *cf) { return tg_episode_impl(cf, "tg_episode", 0); }
 XLA_FFI_Error *tg_episode_flat(XLA_FFI_CallFrame *cf) { return tg_episode_impl(cf, "tg_episode_flat", 1); }
 
-/* How many device instances a loaded program has made (for tests and diagnostics); -1: not loaded. */
-int tg_instances(int64_t hash) {
+/* out = [device instances made, products split over XLA's pool] of a loaded program (for tests and
+ * diagnostics); returns 0, or -1 when it is not loaded. */
+int tg_stats(int64_t hash, int64_t *out) {
   tg_prog *p = tg_find((uint64_t)hash);
   if (!p) return -1;
-  int n = 0;
-  for (int d = 0; d < TG_MAX_DEVICES; d++) n += __atomic_load_n(&p->inst[d], __ATOMIC_ACQUIRE) != NULL;
-  return n;
+  out[0] = out[1] = 0;
+  for (int d = 0; d < TG_MAX_DEVICES; d++) {
+    tg_inst *in = __atomic_load_n(&p->inst[d], __ATOMIC_ACQUIRE);
+    if (!in) continue;
+    pthread_mutex_lock(&in->mu);
+    out[0]++;
+    out[1] += in->splits;
+    pthread_mutex_unlock(&in->mu);
+  }
+  return 0;
 }

@@ -361,7 +361,7 @@ def each(s, x, y):     # every shard trains its own copy of the state on its own
 sh = NamedSharding(mesh, P("data"))
 S = jax.device_put(jnp.stack([s0 * (1 + k) for k in range(4)]), sh)
 l, s = each(S, jax.device_put(X, sh), jax.device_put(Y, sh))
-assert len(jax.devices()) == 4 and PR.instances(prog) == 4, PR.instances(prog)
+assert len(jax.devices()) == 4 and PR.stats(prog)["instances"] == 4, PR.stats(prog)
 l, s = np.asarray(l), np.asarray(s)
 one = jax.jit(step)
 for k in range(4):
@@ -369,7 +369,7 @@ for k in range(4):
     lk, sk = one(s0 * (1 + k), (x, y))
     lk, sk = one(sk, (x, y))
     assert float(lk) == l[k] and (np.asarray(sk) == s[k]).all(), k
-print("ok", PR.instances(prog))
+print("ok", PR.stats(prog)["instances"])
 '''
 
 
@@ -378,3 +378,32 @@ def test_episode_per_shard_on_four_host_devices_runs_one_instance_each():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
     r = subprocess.run([sys.executable, "-c", SHARD_EPISODE], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "ok 4" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_products_split_over_xlas_thread_pool_give_the_same_bits(monkeypatch):
+    """Inside the handler, products from SPLIT_PRODUCTS multiply-adds up are split by rows over XLA's
+    intra-op pool: loss, gradients and episode the same bits as the copying path (one BLAS call each)."""
+    monkeypatch.setattr(P, "SPLIT_PRODUCTS", 64)
+    monkeypatch.setenv("TAPEGRAD_SMALL_GEMM", "0")
+    rng = np.random.default_rng(3)
+    tape = tg.Tape()
+    W1, W2 = tape.param(rng.standard_normal((9, 24)) * 0.3), tape.param(rng.standard_normal((24, 5)) * 0.3)
+    x, y = tape.const(rng.standard_normal((40, 9))), tape.const(np.eye(5)[rng.integers(0, 5, 40)])
+    prog = tg.capture(tape, tg.softmax_cross_entropy((x @ W1).tanh() @ W2, y), backend="native")
+    opt = tg.Adam(1e-2)
+    opt.add(tape, W1)
+    opt.add(tape, W2)
+    prog.attach(opt)
+    args = [jnp.asarray(tape.value(v)) for v in (W1, W2, x, y)]
+    vg = [jax.jit(jax.value_and_grad(interop.program_call(prog, native=n), (0, 1)))(*args) for n in (True, False)]
+    bits(*vg)
+    eps = []
+    for n in (True, False):
+        step = jax.jit(interop.program_episode(prog, flat=True, native=n))
+        s = interop.episode_state(prog, flat=True)
+        for _ in range(3):
+            loss, s = step(s, tuple(args[2:]))
+        eps.append((loss, s))
+    bits(*eps)
+    assert P.stats(prog)["splits"] > 0 or os.cpu_count() == 1   # XLA's pool has a thread per core

@@ -3,8 +3,9 @@
 Fixed ABI (every program): ``void tg_forward(void *ctx)``, ``tg_backward``, ``tg_step``, ``tg_episode``
 (forward + backward + step). ``ctx`` is a table of pointers: ``[0]`` the BLAS gemm, ``[1]`` the BLAS
 dot, ``[2]`` the step scalars (double), ``[3]`` the optimizer configuration (double), ``[4]`` the
-optimizer's parameter table (long long), ``[5]`` the LAPACK function table (linalg ops), ``[6..7]``
-reserved, ``[8 + i]`` buffer ``i`` (values,
+optimizer's parameter table (long long), ``[5]`` the LAPACK function table (linalg ops), ``[6]``
+an optional thread pool for large products (``tg_pool`` in runtime.c; 0 runs them in one BLAS call),
+``[7]`` reserved, ``[8 + i]`` buffer ``i`` (values,
 gradients, scratch, optimizer state). Elementwise nodes print the registry's C expressions through
 one dialect (``expr.py``); the rest call the runtime kernels in ``runtime.c``. A fused segment is one
 loop whose body is the unfused loop bodies in node order, so it rounds identically.
@@ -102,7 +103,7 @@ class Emitter:
     def function(self, name, body):
         used = sorted({tok for line in body for tok in _ptr_names(line)}, key=_ptr_key)
         decl = [f"    real *restrict {n} = TG_B({self._index(n)});" for n in used]
-        return [f"void {name}(void *ctx)", "{", "    void **T = (void **)ctx;", "    (void)T;"] + decl + \
+        return [f"void {name}(void *ctx)", "{", "    void **T = (void **)ctx;", "    tg_cur = T;"] + decl + \
             ["    " + line for line in body] + ["}", ""]
 
     def _index(self, name):

@@ -306,13 +306,47 @@ TG_FN void tg_mm_small(int ta, int tb, long m, long n, long k, const real *A, co
     }
 }
 
-/* row-major C[m,n] = op(A) @ op(B) (ta/tb: the operand is stored transposed): products of at most
- * TG_MM_SMALL multiply-adds in C above, larger ones through the Fortran BLAS gemm. */
-TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real *A, const real *B, real *C)
+/* A caller that runs a program on a thread pool (the XLA handler) puts a tg_pool at T[6]: products of
+ * at least min_mnk multiply-adds are then split by rows into `parts` independent BLAS calls that
+ * `run` executes on the pool (each C element is computed by one call, in BLAS's own order). */
+typedef struct tg_pool {
+    void (*run)(struct tg_pool *self, int parts, void (*fn)(void *, int), void *arg);
+    long min_mnk;
+    int parts;
+} tg_pool;
+
+static _Thread_local void **tg_cur;   /* the table of the running entry point (set on entry) */
+
+typedef struct {
+    tg_gemm_t gemm;
+    int ta, tb, m, n, k, parts;
+    const real *A, *B;
+    real *C;
+} tg_mm_job;
+
+TG_FN void tg_mm_rows(tg_gemm_t gemm, int ta, int tb, int r0, int r1, int m, int n, int k, const real *A,
+                      const real *B, real *C)
 {
     char tA = ta ? 'T' : 'N', tB = tb ? 'T' : 'N';
-    tg_bint M = n, N = m, K = k, lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+    tg_bint M = n, N = r1 - r0, K = k, lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
     real one = R(1.0), zero = R(0.0);
+    gemm(&tB, &tA, &M, &N, &K, &one, (real *)B, &ldb, (real *)(ta ? A + r0 : A + (long)r0 * k), &lda, &zero,
+         C + (long)r0 * n, &ldc);
+}
+
+TG_FN void tg_mm_part(void *arg, int i)
+{
+    const tg_mm_job *j = (const tg_mm_job *)arg;
+    int r0 = (int)((long)j->m * i / j->parts), r1 = (int)((long)j->m * (i + 1) / j->parts);
+    if (r1 > r0)
+        tg_mm_rows(j->gemm, j->ta, j->tb, r0, r1, j->m, j->n, j->k, j->A, j->B, j->C);
+}
+
+/* row-major C[m,n] = op(A) @ op(B) (ta/tb: the operand is stored transposed): products of at most
+ * TG_MM_SMALL multiply-adds in C above, larger ones through the Fortran BLAS gemm (split over the
+ * caller's pool when it gave one). */
+TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real *A, const real *B, real *C)
+{
     if (m == 0 || n == 0)
         return;
     if (k == 0) {
@@ -323,7 +357,13 @@ TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real
         tg_mm_small(ta, tb, m, n, k, A, B, C);
         return;
     }
-    gemm(&tB, &tA, &M, &N, &K, &one, (real *)B, &ldb, (real *)A, &lda, &zero, C, &ldc);
+    tg_pool *pool = tg_cur ? (tg_pool *)tg_cur[6] : NULL;
+    if (pool && pool->parts > 1 && (long)m * n * k >= pool->min_mnk && m >= 2 * pool->parts) {
+        tg_mm_job job = {gemm, ta, tb, m, n, k, pool->parts, A, B, C};
+        pool->run(pool, pool->parts, tg_mm_part, &job);
+        return;
+    }
+    tg_mm_rows(gemm, ta, tb, 0, m, m, n, k, A, B, C);
 }
 
 /* softmax / logsoftmax over the middle axis of (outer, n, inner); r: scratch of outer·inner. */

@@ -44,7 +44,7 @@ static void tg_b8(real *restrict v5, real *restrict v7, real *restrict g4, real 
 void tg_forward(void *ctx)
 {
     void **T = (void **)ctx;
-    (void)T;
+    tg_cur = T;
     real *restrict v0 = TG_B(0);
     real *restrict v1 = TG_B(1);
     real *restrict v2 = TG_B(2);
@@ -64,7 +64,7 @@ void tg_forward(void *ctx)
 void tg_backward(void *ctx)
 {
     void **T = (void **)ctx;
-    (void)T;
+    tg_cur = T;
     real *restrict v2 = TG_B(2);
     real *restrict v5 = TG_B(5);
     real *restrict v7 = TG_B(7);

@@ -142,7 +142,7 @@ def unload(program_or_hash):
 
 def stats(program):
     """``{"instances": devices that ran ``program`` through the native handler (each has its own
-    instance: a private pointer table and, beyond device 0, private buffers), "splits": products split
+    instance: a private pointer table and, beyond the first device, private buffers), "splits": products split
     over XLA's thread pool}``, or None when it is not loaded."""
     lib = native_library()
     out = np.zeros(2, np.int64)

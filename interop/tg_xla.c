@@ -3,7 +3,7 @@
  * A program is found by its content hash (attribute `prog`, an i64) in a process-wide table that
  * interop fills from Program.native_abi(); nothing in the HLO is a raw pointer. The handlers run the
  * program on XLA's buffers: each device has its own instance of the program -- a private copy of its
- * pointer table, and (devices other than 0) private copies of its value, gradient and scratch
+ * pointer table, and (every device but the first to run it) private copies of its value, gradient and scratch
  * buffers -- whose slot entries (parameters, inputs, optimizer state, gradients) are pointed at the
  * operands and results XLA passes before the program's entry point runs. Nothing is copied but the
  * loss and the step counter. Shards on different host devices run in parallel; calls on one device
@@ -34,18 +34,18 @@
 typedef void (*tg_fn)(void *);
 #define TG_MAX_DEVICES 256
 
-/* The generated code's view of a thread pool (runtime.c's tg_pool, at table entry 6). */
-typedef struct tg_pool {
-  void (*run)(struct tg_pool *self, int parts, void (*fn)(void *, int), void *arg);
+/* The generated code's view of a thread pool (runtime.c's tg_team, at table entry 6). */
+typedef struct tg_team {
+  void (*run)(struct tg_team *self, int parts, void (*fn)(void *, int), void *arg);
   long min_mnk;
   int parts;
-} tg_pool;
+} tg_team;
 
 /* One device's instance: `base` is the table the program runs on between calls (its own buffers),
  * `run` the copy whose slot entries point at XLA's buffers, `snap` the program's table it was made
  * from (a changed table -- an optimizer attached since -- rebuilds the instance). */
 typedef struct {
-  tg_pool pool;             /* first: the generated code's tg_pool is this instance */
+  tg_team pool;             /* first: the generated code's tg_team is this instance */
   XLA_FFI_CallFrame *cf;    /* the call running on this instance (its ctx schedules pool tasks) */
   void (*fn)(void *, int);  /* the split product being run: part i is fn(arg, i) */
   void *arg;
@@ -55,7 +55,7 @@ typedef struct {
   uint64_t *snap, *base, *run;
   double sc[8];
   int64_t *pairs, npairs;   /* (table index, slot) for every entry that names a slot's buffer */
-  void **owned;             /* buffers this instance allocated (devices > 0) */
+  void **owned;             /* buffers this instance allocated (every device but the first) */
   int64_t nowned;
   int ns;                   /* optimizer state slots the table has (2 per Adam parameter) */
   pthread_mutex_t mu;
@@ -72,7 +72,8 @@ typedef struct tg_prog {
   void (*blas_set)(int);
   int64_t big;              /* products large enough for OpenBLAS to start its own threads */
   int64_t min_mnk;          /* products split over XLA's thread pool from this size (0: never) */
-  tg_inst *inst[TG_MAX_DEVICES];
+  tg_inst *inst[TG_MAX_DEVICES];   /* instances in the order devices first ran the program */
+  int32_t device[TG_MAX_DEVICES];  /* their device ordinals (XLA's ids: 2048+ in another process) */
   pthread_mutex_t mu;       /* guards creating instances */
   struct tg_prog *next;
 } tg_prog;
@@ -159,9 +160,10 @@ static void tg_inst_clear(tg_inst *in) {
   in->nowned = in->npairs = 0;
 }
 
-/* (Re)build `in` from the program's current table. Device 0 runs on the program's own buffers;
- * other devices get copies of every buffer (entries naming one buffer keep naming one copy). */
-static const char *tg_inst_build(tg_prog *p, tg_inst *in, int device) {
+/* (Re)build `in` from the program's current table. The first device that ran the program (slot 0)
+ * runs on the program's own buffers; the others get copies of every buffer (entries naming one
+ * buffer keep naming one copy). */
+static const char *tg_inst_build(tg_prog *p, tg_inst *in, int slot) {
   int64_t n = p->tlen;
   tg_inst_clear(in);
   in->snap = malloc(n * sizeof *in->snap);
@@ -174,7 +176,7 @@ static const char *tg_inst_build(tg_prog *p, tg_inst *in, int device) {
   memcpy(in->base, p->table, n * sizeof *in->base);
   memcpy(in->sc, (const double *)(intptr_t)p->table[2], sizeof in->sc);
   in->base[2] = (uint64_t)(intptr_t)in->sc;
-  if (device > 0)
+  if (slot > 0)
     for (int64_t i = TG_FIRST; i < n; i++) {
       if (!in->snap[i]) continue;
       int64_t j = TG_FIRST;
@@ -215,22 +217,35 @@ static const char *tg_inst_build(tg_prog *p, tg_inst *in, int device) {
 
 /* The instance for `device`, current with the program's table, locked; NULL with *why set. */
 static tg_inst *tg_acquire(tg_prog *p, int device, const char **why) {
-  if (device < 0 || device >= TG_MAX_DEVICES) { *why = "device ordinal out of range"; return NULL; }
-  tg_inst *in = __atomic_load_n(&p->inst[device], __ATOMIC_ACQUIRE);
-  if (!in) {
+  int slot = 0;
+  tg_inst *in = NULL;
+  for (; slot < TG_MAX_DEVICES && (in = __atomic_load_n(&p->inst[slot], __ATOMIC_ACQUIRE)); slot++)
+    if (p->device[slot] == device) break;
+  if (slot == TG_MAX_DEVICES) in = NULL;
+  if (!in) {   /* the device's first call: a new instance in the next free slot */
     pthread_mutex_lock(&p->mu);
-    in = p->inst[device];
+    for (slot = 0; slot < TG_MAX_DEVICES && p->inst[slot] && p->device[slot] != device; slot++)
+      ;
+    if (slot == TG_MAX_DEVICES) {
+      pthread_mutex_unlock(&p->mu);
+      *why = "more devices than the handler has instances for (256)";
+      return NULL;
+    }
+    in = p->inst[slot];
     if (!in) {
       in = calloc(1, sizeof *in);
-      if (in) pthread_mutex_init(&in->mu, NULL);
-      __atomic_store_n(&p->inst[device], in, __ATOMIC_RELEASE);
+      if (in) {
+        pthread_mutex_init(&in->mu, NULL);
+        p->device[slot] = device;
+        __atomic_store_n(&p->inst[slot], in, __ATOMIC_RELEASE);
+      }
     }
     pthread_mutex_unlock(&p->mu);
     if (!in) { *why = "out of memory"; return NULL; }
   }
   pthread_mutex_lock(&in->mu);
   if (!in->snap || memcmp(in->snap, p->table, p->tlen * sizeof *in->snap)) {
-    *why = tg_inst_build(p, in, device);
+    *why = tg_inst_build(p, in, slot);
     if (*why) { tg_inst_clear(in); pthread_mutex_unlock(&in->mu); return NULL; }
   }
   return in;
@@ -254,9 +269,9 @@ static void tg_pool_work(tg_inst *in) {
  * or during a later one (it helps with that): instances are never freed, so `in` stays valid. */
 static void tg_pool_task(void *data) { tg_pool_work((tg_inst *)data); }
 
-/* tg_pool.run: parts-1 tasks on XLA's intra-op pool, the calling thread claiming parts too, so the
+/* tg_team.run: parts-1 tasks on XLA's intra-op pool, the calling thread claiming parts too, so the
  * product completes even if no task ever runs (XLA promises no parallelism); returns when all are done. */
-static void tg_pool_run(tg_pool *self, int parts, void (*fn)(void *, int), void *arg) {
+static void tg_pool_run(tg_team *self, int parts, void (*fn)(void *, int), void *arg) {
   tg_inst *in = (tg_inst *)self;
   XLA_FFI_CallFrame *cf = in->cf;
   in->splits++;
@@ -618,7 +633,7 @@ int tg_stats(int64_t hash, int64_t *out) {
   out[0] = out[1] = 0;
   for (int d = 0; d < TG_MAX_DEVICES; d++) {
     tg_inst *in = __atomic_load_n(&p->inst[d], __ATOMIC_ACQUIRE);
-    if (!in) continue;
+    if (!in) break;
     pthread_mutex_lock(&in->mu);
     out[0]++;
     out[1] += in->splits;

@@ -101,17 +101,24 @@ class Program:
         self._tape = weakref.ref(tape)
         n = len(tape)
         self.nodes = [(nd.op, nd.a, nd.b, nd.s) for nd in tape._nodes]
+        self.third = [nd.c for nd in tape._nodes]   # the data input of 3-input ops (where, scatters), else -1
         self.epochs = [nd.epoch for nd in tape._nodes]
         self.shapes = shapes
         self.req = [nd.req for nd in tape._nodes]
         self.compute = [k for k in range(n) if self.nodes[k][0].arity]
         self.params = [k for k in range(n) if self.nodes[k][0] is O.param]
         self.consts = [k for k in range(n) if self.nodes[k][0] is O.const]
+        self.data = [k for k in range(n) if self.nodes[k][0] is O.data]
+        # who reads each data slot: set_input re-runs their ``check`` on new values
+        self.readers = {k: [j for j in self.compute if k in (self.nodes[j][1], self.nodes[j][2], self.third[j])]
+                        for k in self.data}
         self.val = [None] * n
         self.missing = set()
         for k in range(n):
             v = tape._val[k]
-            if self.nodes[k][0].arity == 0:
+            if self.nodes[k][0] is O.data:
+                self.val[k] = aligned_copy(v, v.dtype)
+            elif self.nodes[k][0].arity == 0:
                 if v is None:
                     self.val[k] = aligned_empty(self.shapes[k], dtype)
                     self.val[k].fill(0.0)
@@ -179,7 +186,8 @@ class Program:
         """Fresh values for a constant (a minibatch, a lazy constant) or a parameter; copied in.
 
         Float32 and float64 data are accepted (converted to the program's dtype); anything else, or a
-        wrong shape, raises and leaves the program unchanged.
+        wrong shape, raises and leaves the program unchanged. A data slot (integer indices, a bool mask)
+        takes data of its kind and shape, checked by the ops that read it (indices in range).
         """
         i = self._slot(var, "set_input")
         op = self.nodes[i][0]
@@ -187,6 +195,8 @@ class Program:
             raise TapeError(f"{at('set_input', i)}: expected a const or param slot, got a {op.name} node (its "
                             f"value is computed by the program)")
         a = np.asarray(array)
+        if op is O.data:
+            return self._set_data(i, a)
         if a.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
             raise DTypeError(f"{at('set_input', i)}: expected float64 or float32 data for {op.name} node {i} "
                              f"(program dtype {self.dtype}), got {a.dtype}; convert with .astype(np.float64)")
@@ -195,6 +205,28 @@ class Program:
                              f"got {a.shape}; a program is static: every episode has the captured shapes")
         np.copyto(self.val[i], a, casting="unsafe")
         self.missing.discard(i)
+
+    def _set_data(self, i, a):
+        have = self.val[i]
+        kind = "bool" if have.dtype.kind == "b" else "integer"
+        if (a.dtype.kind == "b") != (kind == "bool") or a.dtype.kind not in "biu":
+            raise DTypeError(f"{at('set_input', i)}: expected {kind} data for data node {i}, got {a.dtype}")
+        if a.shape != have.shape:
+            raise ShapeError(f"{at('set_input', i)}: expected shape {have.shape} for data node {i}, got {a.shape}; "
+                             f"a program is static: every episode has the captured shapes")
+        new = a.astype(have.dtype)
+        if kind == "integer" and not np.array_equal(new, a):
+            raise DTypeError(f"{at('set_input', i)}: integer data for node {i} does not fit int64")
+        for j in self.readers[i]:
+            op, x, y, s = self.nodes[j]
+            vals = [new if k == i else self.val[k] if k >= 0 else None for k in (x, y, self.third[j])]
+            if op.check is not None:
+                try:
+                    op.check(vals[0], vals[1], s, *vals[2:op.arity])
+                except O.Bad as e:
+                    raise ShapeError(f"{at('set_input', i)}: data node {i} does not fit {op.name} (node {j}): {e}") \
+                        from None
+        np.copyto(have, new)
 
     def _ready(self, what):
         if self.missing:
@@ -325,8 +357,8 @@ class Program:
         """A content hash of the program (graph, shapes, dtype, loss, optimizer config): stable across runs."""
         h = hashlib.blake2b(digest_size=8)
         h.update(repr((str(self.dtype), self.loss_id)).encode())
-        for (op, a, b, s), shape in zip(self.nodes, self.shapes):
-            h.update(repr((op.name, a, b, s, shape)).encode())
+        for (op, a, b, s), c, shape in zip(self.nodes, self.third, self.shapes):
+            h.update(repr((op.name, a, b, s, shape) + ((c,) if c >= 0 else ())).encode())
         if self.opt is not None:
             h.update(repr(self.opt.config_key()).encode())
         return int.from_bytes(h.digest(), "little")

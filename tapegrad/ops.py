@@ -5,16 +5,31 @@ An entry holds
   fwd     (a, b, s, out, ws) -> None, the NumPy forward written into ``out``,
   da, db  (g, out, a, b, s, ws) -> the contribution to d loss/d a (or b), read like the derivative;
           a contribution may be out-shaped for a broadcasting input (the tape sums it down),
-  ref     (jnp, a, b, s) -> out, an independently written JAX reference (only interop calls it),
+  ref     (jnp, a, b, s) -> out, an independently written JAX reference (only tests and interop call
+          it, passing jax.numpy with ``jnp.lax`` and ``jnp.scipy`` reaching jax.lax and jax.scipy),
+  inputs  one letter per input: "f" float (differentiable), "i" integer data, "b" boolean data;
+          data inputs (indices, masks) are tape leaves made by ``tape.const`` of an integer or bool
+          array, never differentiated, settable per episode in a captured program,
+  check   (a, b, s[, c]) -> None, optional: validates data inputs' values (indices in range),
+          raising ``Bad``; the tape calls it on every apply, a program on every ``set_input``,
   c_fwd, c_da, c_db
           the same arithmetic as one C expression per element (elementwise ops only), over the names
-          ``a b s out g``; every one mirrors its NumPy form operation by operation, so compiled with
+          ``a b c s out g``; every one mirrors its NumPy form operation by operation, so compiled with
           ``-ffp-contract=off`` it rounds the same way,
   tier    how exactly a compiled replay reproduces the tape (see ``TIERS``),
+  ulps    optional ``(k, floor)``: a libm-tier op's own bound where its C and NumPy/SciPy forms differ by
+          more than the tier's 8 ulp: within k ulp, or k·eps·max(floor, max|result|) absolutely (floor 1
+          for functions whose forms agree only absolutely near a zero, like lgamma at 1 and 2),
   aliases True when ``da``/``db`` may return ``g`` itself or a view of it (otherwise a contribution
           is a fresh scratch buffer that the tape may adopt as the input's gradient, saving a copy),
   domain  one sampler per input for tests (e.g. positive inputs for ``log``),
   cases   ``(a_shape, b_shape, s)`` examples the tests sweep, broadcasting included.
+
+An op may have a third input ``c``; it is always data (a ``where`` mask, scatter indices), so only
+``a`` and ``b`` ever receive gradients. Such an op's rules take it last: ``shape(a, b, s, c)``,
+``fwd(a, b, s, out, ws, c)``, ``da(g, out, a, b, s, ws, c)``, ``ref(jnp, a, b, s, c)``, and its
+``cases`` are ``(a, b, s, c)``. In ``cases`` a data input is given as the array itself (the values
+matter: indices must be in range), a float input as its shape.
 
 ``ws`` is the scratch provider (``ws.take(shape)``, ``ws.take_mask(shape)``): the tape hands out
 arena memory, a captured program hands out buffers it preallocated, so the same rules run with no
@@ -58,12 +73,24 @@ class Op:
     domain: tuple = ()
     cases: tuple = ()
     doc: str = ""
+    inputs: str = ""
+    check: Optional[Callable] = None
+    ulps: Optional[tuple] = None
+
+    def __post_init__(self):
+        kinds = self.inputs or "f" * self.arity
+        assert len(kinds) == self.arity and set(kinds) <= set("fib"), (self.name, kinds)
+        assert self.arity < 3 or kinds[2] != "f", f"{self.name}: a third input is data (see the module docstring)"
+        object.__setattr__(self, "inputs", kinds)
+        object.__setattr__(self, "data", kinds != "f" * self.arity)
 
     def __repr__(self):
         return f"<op {self.name}>"
 
 
 OPS: dict = {}
+
+DATA_KINDS = {"i": "integer", "b": "bool"}
 
 
 def op(name, arity, shape, **kw):
@@ -169,13 +196,24 @@ def axis_shape(a, b, s):
     return a
 
 
+def steps(s):
+    """A slice operand as (start, stop, step) per axis; (start, stop) means step 1. Read as Python's
+    ``range`` (no wrap-around): ``slice.indices(n)`` gives exactly this form."""
+    return tuple((t[0], t[1], t[2] if len(t) == 3 else 1) for t in s)
+
+
 def slice_shape(a, b, s):
     if len(s) != len(a):
-        raise Bad(f"expected one (start, stop) per axis of {a}, got {len(s)}")
-    for k, ((lo, hi), n) in enumerate(zip(s, a)):
-        if not 0 <= lo < hi <= n:
+        raise Bad(f"expected one (start, stop[, step]) per axis of {a}, got {len(s)}")
+    out = []
+    for k, ((lo, hi, st), n) in enumerate(zip(steps(s), a)):
+        r = range(lo, hi, st) if st else range(0)
+        if st == 1 and not 0 <= lo < hi <= n:
             raise Bad(f"axis {k}: range {lo}:{hi} is empty or outside 0:{n}")
-    return tuple(hi - lo for lo, hi in s)
+        if not r or not (0 <= r[0] < n and 0 <= r[-1] < n):
+            raise Bad(f"axis {k}: range {lo}:{hi}:{st} is empty or outside 0:{n}")
+        out.append(len(r))
+    return tuple(out)
 
 
 def concat_shape(a, b, s):
@@ -196,7 +234,7 @@ def keepdims(g, a_shape, s):
 
 
 def slices(s):
-    return tuple(builtins.slice(lo, hi) for lo, hi in s)
+    return tuple(builtins.slice(lo, hi if hi >= 0 else None, st) for lo, hi, st in steps(s))
 
 
 def count(a_shape, s):
@@ -420,6 +458,8 @@ RED = (((3, 4), None, (None, False)), ((3, 4), None, ((1,), True)), ((2, 3, 4), 
 
 param = op("param", 0, same, kind="leaf", doc="a trainable leaf (copied in)")
 const = op("const", 0, same, kind="leaf", doc="a constant leaf (no gradient flows into it)")
+data = op("data", 0, same, kind="leaf",
+          doc="integer or bool data (indices, masks): ``tape.const`` of such an array; never differentiated")
 
 add = op("add", 2, broadcast, doc="a + b, broadcasting", aliases=True,
          fwd=lambda a, b, s, out, ws: np.add(a, b, out=out),
@@ -642,8 +682,9 @@ slice = op("slice", 1, slice_shape,
            da=slice_da,
            ref=lambda jnp, a, b, s: a[slices(s)],
            kind="layout", domain=(real,),
-           cases=(((5, 4), None, ((1, 4), (0, 2))), ((6,), None, ((2, 5),)), ((2, 3, 4), None, ((0, 2), (1, 2), (1, 4)))),
-           doc="a[lo:hi, …] (s = one (lo, hi) per axis)")
+           cases=(((5, 4), None, ((1, 4), (0, 2))), ((6,), None, ((2, 5),)), ((2, 3, 4), None, ((0, 2), (1, 2), (1, 4))),
+                  ((7, 4), None, ((0, 7, 2), (3, -1, -1))), ((6,), None, ((5, 0, -2),))),
+           doc="a[lo:hi:step, …] (s = one (lo, hi[, step]) per axis, read as range(lo, hi, step))")
 concat = op("concat", 2, concat_shape, fwd=concat_fwd, da=concat_da, db=concat_db, aliases=True,
             ref=lambda jnp, a, b, s: jnp.concatenate([a, b], axis=s),
             kind="layout", domain=(real, real),

@@ -12,6 +12,8 @@ import math
 import numpy as np
 
 from ._arena import aligned_empty
+from .errors import DomainError, at
+from .ops import Bad
 from .optim import adam_update, clip_scale, clips, l2_grad, sgd_update, sq_norm
 from .tape import unbroadcast
 
@@ -95,7 +97,13 @@ class NumpyRunner:
         for k in p.compute:
             op, a, b, s = p.nodes[k]
             ws.begin(k)
-            op.fwd(val[a], None if b < 0 else val[b], s, val[k], ws)
+            try:
+                if op.arity == 3:
+                    op.fwd(val[a], val[b], s, val[k], ws, val[p.third[k]])
+                else:
+                    op.fwd(val[a], None if b < 0 else val[b], s, val[k], ws)
+            except Bad as e:   # a value the op cannot take (see Tape.apply)
+                raise DomainError(f"{at(op.name, k)}: {e}") from None
         ws.pack()
 
     def backward(self):
@@ -107,10 +115,11 @@ class NumpyRunner:
             ws.begin(-1 - k)
             g, out, va = grad[k], val[k], val[a]
             vb = None if b < 0 else val[b]
+            extra = (val[p.third[k]],) if op.arity == 3 else ()
             if to_a:
-                self._acc(a, op.da(g, out, va, vb, s, ws), first_a)
+                self._acc(a, op.da(g, out, va, vb, s, ws, *extra), first_a)
             if to_b:
-                self._acc(b, op.db(g, out, va, vb, s, ws), first_b)
+                self._acc(b, op.db(g, out, va, vb, s, ws, *extra), first_b)
         ws.pack()
 
     def _acc(self, j, c, first):

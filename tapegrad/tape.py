@@ -9,14 +9,16 @@ import numpy as np
 
 from . import ops as O
 from ._arena import Arena, ParamStore, aligned_copy, aligned_empty, readonly
-from .errors import (ArgumentError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError, ShapeError, TapeError,
-                     at)
+from .errors import (ArgumentError, DomainError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError,
+                     ShapeError, TapeError, at)
 
 _PKG = os.path.dirname(os.path.abspath(__file__))
 _UNBROADCAST = {}  # (contribution shape, input shape) -> (axes to sum, reduced shape)
 _ONES = {}    # (shape, dtype) -> the backward seed of a scalar loss
 _SHAPES = {}  # (op, a_shape, b_shape, s) -> out shape: shape rules run once per distinct call
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+_INT = np.dtype(np.int64)   # integer data is held as int64, bool data as bool
+_DATA_NAMES = {"b": "bool data", "i": "integer data", "u": "integer data"}
 
 
 class Node(NamedTuple):
@@ -31,6 +33,7 @@ class Node(NamedTuple):
     lazy: bool     # it depends on a lazy or dropped constant: the tape holds no value
     shape: tuple   # known even when the tape holds no value
     pos: object    # allocator position before its value: value arena (ops), param store (params)
+    c: int = -1    # a third input (always data: a mask, indices), -1 = none
 
 
 _node = functools.partial(tuple.__new__, Node)  # C-speed Node construction on the hot path
@@ -163,7 +166,16 @@ class Tape:
         return self._leaf(O.param, array, "param")
 
     def const(self, array):
-        """Register a constant (no gradient flows into it); copied in like ``param``."""
+        """Register a constant (no gradient flows into it); copied in like ``param``.
+
+        An integer or bool array becomes a data leaf (indices for ``take``, a mask for ``where``):
+        held as int64 or bool, never cast to float and never differentiated.
+
+        >>> import tapegrad as tg, numpy as np
+        >>> tape = tg.Tape()
+        >>> tape.const(np.array([2, 0])).value.dtype, tape.const(np.array([True])).value.dtype
+        (dtype('int64'), dtype('bool'))
+        """
         return self._leaf(O.const, array, "const")
 
     def const_lazy(self, shape, dtype=None):
@@ -185,6 +197,8 @@ class Tape:
             raise TypeError(f"{at(name, len(self))}: expected an array, got a Var (use it directly)")
         if not isinstance(array, np.ndarray):
             array = np.asarray(array, dtype=self.dtype if not isinstance(array, np.generic) else None)
+        if op is O.const and array.dtype.kind in "biu":
+            return self._data(array)
         if array.dtype.kind != "f" or array.dtype not in _DTYPES:
             err = DTypeError(f"{at(name, len(self))}: expected float32 or float64 data, got {array.dtype}; "
                              f"convert with .astype(np.float64)")
@@ -202,10 +216,19 @@ class Tape:
             np.copyto(value, array, casting="unsafe")
         return self._append(op, -1, -1, None, value, value.shape, False, False, pos, None)
 
+    def _data(self, array):
+        dtype = np.dtype(np.bool_) if array.dtype.kind == "b" else _INT
+        if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(_INT).max:
+            return self._fail(DTypeError(f"{at('const', len(self))}: integer data must fit int64, got {array.dtype} "
+                                         f"values up to {array.max()}"))
+        return self._append(O.data, -1, -1, None, aligned_copy(array, dtype), array.shape, False, False, None, None)
+
     # ── the op path ──────────────────────────────────────────────────────────
 
-    def apply(self, op, a, b=None, s=None):
-        """Append one registry op applied to Vars ``a`` (and ``b``) with static operand ``s``."""
+    def apply(self, op, a, b=None, s=None, c=None):
+        """Append one registry op applied to Vars ``a`` (and ``b``, ``c``) with static operand ``s``."""
+        if op.data or c is not None:
+            return self._apply_data(op, a, b, s, c)
         nodes = self._nodes
         try:
             na = nodes[a.id]
@@ -225,6 +248,8 @@ class Tape:
                 self._index(b, op.name, "b")
             except TapeError as e:
                 return self._fail(e)
+        if na[0] is O.data or (nb is not None and nb[0] is O.data):
+            return self._apply_data(op, a, b, s, c)
         memo = _SHAPES.get(key)
         if memo is None:
             try:
@@ -245,7 +270,12 @@ class Tape:
         out = arena.take(shape, memo[1])
         vals = self._val
         tmp = self._tmp
-        op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, tmp)
+        try:
+            op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, tmp)
+        except O.Bad as e:   # a value the op cannot take (a matrix that is not positive definite)
+            arena.rewind(pos)
+            tmp.rewind()
+            return self._fail(DomainError(f"{at(op.name, len(nodes))}: {e}"))
         if tmp.si or tmp.off:
             tmp.rewind()
         if self.check_finite and not np.isfinite(out).all():
@@ -253,16 +283,68 @@ class Tape:
             ins = tuple(n.shape for n in (na, nb) if n is not None)
             return self._fail(NonFiniteError(str(NonFinite(len(nodes), op.name, "value", ins, _where(_user_frame())))))
         i, epoch = len(nodes), self._epoch  # _append, inlined on the hot path
-        nodes.append(_node((op, ia, ib, s, req, epoch, _user_frame() if self.sources else None, False, shape, pos)))
+        nodes.append(_node((op, ia, ib, s, req, epoch, _user_frame() if self.sources else None, False, shape, pos,
+                            -1)))
         vals.append(out)
         self._grad.append(None)
         self._gpass.append(0)
         return Var(self, i, epoch)
 
-    def _append(self, op, ia, ib, s, value, shape, req, lazy, pos, grad):
+    def _apply_data(self, op, a, b, s, c):
+        """The op path for ops with data inputs (and any op given one): every input's kind is checked
+        against the registry entry, data values by its ``check``; then as ``apply``."""
+        vars_ = (a, b, c)[:op.arity]
+        if len(vars_) != op.arity or any(v is None for v in vars_) or (c is not None and op.arity < 3):
+            return self._fail(ArgumentError(f"{at(op.name, len(self))}: expected {op.arity} inputs"))
+        ids = []
+        for v, kind, arg in zip(vars_, op.inputs, "abc"):
+            try:
+                i = self._index(v, op.name, arg)
+            except TapeError as e:
+                return self._fail(e)
+            n = self._nodes[i]
+            have = "a float Var" if n.op is not O.data else _DATA_NAMES[self._val[i].dtype.kind]
+            want = "a float Var" if kind == "f" else O.DATA_KINDS[kind] + " data"
+            if have != want:
+                hint = {"f": "data leaves are not differentiable; make a float constant with "
+                             "tape.const(x.astype(float))",
+                        "b": "make a mask with tape.const(np.asarray(m, bool))",
+                        "i": "make indices with tape.const(np.asarray(i, int))"}[kind]
+                return self._fail(ArgumentError(f"{at(op.name, len(self))}: argument {arg} (node {i}) must be "
+                                                f"{want}, got {have}; {hint}"))
+            ids.append(i)
+        nodes = [self._nodes[i] for i in ids]
+        shapes = [n.shape for n in nodes] + [None] * (3 - len(nodes))
+        try:
+            shape = op.shape(shapes[0], shapes[1], s, shapes[2]) if op.arity == 3 else op.shape(shapes[0], shapes[1], s)
+        except O.Bad as e:
+            return self._fail(ShapeError(f"{at(op.name, len(self))}: {e}"))
+        ia, ib, ic = (ids + [-1, -1])[:3]
+        req = any(n.req for n, kind in zip(nodes, op.inputs) if kind == "f")
+        if any(n.lazy for n in nodes):
+            return self._append(op, ia, ib, s, None, shape, req, True, None, None, ic)
+        vals = [self._val[i] for i in ids] + [None] * (3 - len(ids))
+        if op.check is not None:
+            try:
+                op.check(*vals[:2], s, *vals[2:op.arity])
+            except O.Bad as e:
+                return self._fail(ShapeError(f"{at(op.name, len(self))}: {e}"))
+        arena = self._vals
+        pos = arena.pos
+        out = arena.take(shape)
+        op.fwd(vals[0], vals[1], s, out, self._tmp, *vals[2:op.arity])
+        if self._tmp.si or self._tmp.off:
+            self._tmp.rewind()
+        if self.check_finite and not np.isfinite(out).all():
+            arena.rewind(pos)
+            ins = tuple(n.shape for n in nodes)
+            return self._fail(NonFiniteError(str(NonFinite(len(self), op.name, "value", ins, _where(_user_frame())))))
+        return self._append(op, ia, ib, s, out, shape, req, False, pos, None, ic)
+
+    def _append(self, op, ia, ib, s, value, shape, req, lazy, pos, grad, ic=-1):
         i = len(self._nodes)
         src = _user_frame() if self.sources else None
-        self._nodes.append(_node((op, ia, ib, s, req, self._epoch, src, lazy, shape, pos)))
+        self._nodes.append(_node((op, ia, ib, s, req, self._epoch, src, lazy, shape, pos, ic)))
         self._val.append(value)
         self._grad.append(grad)
         self._gpass.append(0)
@@ -286,6 +368,11 @@ class Tape:
         raise ForeignVarError(f"{here}: argument {arg} (node {v.id}) was dropped by reset_to; Vars created "
                               f"after a mark are invalid once the tape is reset to it")
 
+    def _lifted(self):
+        """A context for functions that lift arrays to constants (or compose ops) before the op that may
+        fail: on an error every node appended inside goes too, so the tape is left exactly as it was."""
+        return _Rollback(self)
+
     def _fail(self, err):
         if not self.poison:
             raise err
@@ -307,6 +394,9 @@ class Tape:
     def grad(self, v):
         """A read-only view of the accumulated gradient d loss/d v; zeros if backward never reached v."""
         i = self._index(v, "grad", "v")
+        if self._nodes[i].op is O.data:
+            raise ArgumentError(f"grad (node {i}): a data node ({self._val[i].dtype} indices or mask) has no "
+                                f"gradient")
         g = self._grad[i]
         if g is None:
             g = self._grad[i] = aligned_empty(self._nodes[i].shape, self.dtype)
@@ -450,6 +540,13 @@ class Tape:
             a, b, s = node[1], node[2], node[3]
             g, out, va = grads[k], vals[k], vals[a]
             vb = None if b < 0 else vals[b]
+            if op.arity == 3:   # the third input is data: it only parametrises a's and b's rules
+                vc = vals[node[10]]
+                if nodes[a][4]:
+                    acc(a, op.da(g, out, va, vb, s, ws, vc), not op.aliases)
+                if nodes[b][4]:
+                    acc(b, op.db(g, out, va, vb, s, ws, vc), not op.aliases)
+                continue
             if nodes[a][4]:
                 acc(a, op.da(g, out, va, vb, s, ws), not op.aliases)
             if b >= 0 and nodes[b][4]:
@@ -490,13 +587,31 @@ class Tape:
         """The first node, in forward order, whose value (then: gradient) holds inf or nan; else None."""
         for kind, bufs in (("value", self._val), ("grad", self._grad)):
             for i, buf in enumerate(bufs):
-                if buf is None or (kind == "grad" and not self._touched(i)):
+                if buf is None or (kind == "grad" and not self._touched(i)) or self._nodes[i].op is O.data:
                     continue
                 if not np.isfinite(buf).all():
                     n = self._nodes[i]
                     ins = tuple(self._nodes[k].shape for k in (n.a, n.b) if k >= 0)
                     return NonFinite(i, n.op.name, kind, ins, _where(n.src))
         return None
+
+
+class _Rollback:
+    def __init__(self, tape):
+        self.tape = tape
+
+    def __enter__(self):
+        self.n, self.pos = len(self.tape._nodes), self.tape._vals.pos
+        return self
+
+    def __exit__(self, kind, err, tb):
+        t = self.tape
+        if kind is not None and issubclass(kind, TapeError) and len(t._nodes) > self.n:
+            assert all(nd.op is not O.param for nd in t._nodes[self.n:])   # nodes no caller has seen
+            t._vals.rewind(self.pos)
+            for lst in (t._nodes, t._val, t._grad, t._gpass):
+                del lst[self.n:]
+        return False
 
 
 def unbroadcast(c, shape, ws, out=None):
@@ -523,7 +638,7 @@ def _ancestors(nodes, i):
         if k < 0 or k in seen:
             continue
         seen.add(k)
-        stack += (nodes[k].a, nodes[k].b)
+        stack += (nodes[k].a, nodes[k].b, nodes[k].c)
     return sorted(seen)
 
 

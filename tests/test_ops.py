@@ -9,21 +9,20 @@ from hypothesis.extra.numpy import mutually_broadcastable_shapes
 import tapegrad as tg
 from tapegrad import ops as O
 
+from op_cases import call, floats, make
+
 OPS = [op for op in O.OPS.values() if op.arity]
 CASES = [(op, case) for op in OPS for case in op.cases]
 
 
-def inputs(op, case, rng):
-    a_shape, b_shape, s = case
-    a = op.domain[0](rng, a_shape)
-    b = None if op.arity == 1 else op.domain[1](rng, b_shape)
-    return a, b, s
-
-
-def projected(op, s, w):
-    """f(a[, b]) = Σ w · op(a[, b]): a random projection makes every output element count."""
+def projected(op, arrays, s, w):
+    """f(float inputs) = Σ w · op(inputs): a random projection makes every output element count; data
+    inputs (indices, masks) are held fixed as constants."""
     def fn(tape, *xs):
-        out = tape.apply(op, xs[0], xs[1] if len(xs) > 1 else None, s)
+        it = iter(xs)
+        vs = [next(it) if kind == "f" else tape.const(x) for kind, x in zip(op.inputs, arrays)]
+        a, b, c = (vs + [None, None])[:3]
+        out = tape.apply(op, a, b, s, c)
         return (out * tape.const(w)).sum()
     return fn
 
@@ -31,11 +30,10 @@ def projected(op, s, w):
 @pytest.mark.parametrize("op,case", CASES, ids=[f"{op.name}-{i}" for op in OPS for i in range(len(op.cases))])
 def test_vjp_matches_finite_differences(op, case):
     rng = np.random.default_rng(7)
-    a, b, s = inputs(op, case, rng)
-    out_shape = op.shape(a.shape, None if b is None else b.shape, s)
+    arrays, s = make(op, case, rng)
+    out_shape = call(op, op.shape, [x.shape for x in arrays], s)
     w = rng.standard_normal(out_shape)
-    arrays = (a,) if b is None else (a, b)
-    report = tg.gradcheck(projected(op, s, w), *arrays, directions=4)
+    report = tg.gradcheck(projected(op, arrays, s, w), *floats(op, arrays), directions=4)
     assert report.ok, f"{op.name} {case}: {report}"
 
 
@@ -50,14 +48,15 @@ def test_broadcasting_vjp_matches_finite_differences(op, shapes, seed):
     if op is O.maximum:  # two interleaved grids never meet, so the kink is never within reach of ε
         a, b = rng.integers(-5, 5, sa) * 0.37, rng.integers(-5, 5, sb) * 0.37 + 0.185
     w = rng.standard_normal(out_shape)
-    report = tg.gradcheck(projected(op, None, w), a, b, directions=3)
+    report = tg.gradcheck(projected(op, (a, b), None, w), a, b, directions=3)
     assert report.ok, f"{op.name} {sa} {sb}: {report}"
 
 
 @pytest.mark.parametrize("op", OPS, ids=lambda o: o.name)
 def test_registry_entry_is_complete(op):
-    assert op.fwd and op.da and op.ref and op.cases and len(op.domain) == op.arity
-    assert (op.db is not None) == (op.arity == 2)
+    assert op.fwd and op.ref and op.cases and len(op.domain) == op.arity
+    assert (op.da is not None) == (op.inputs[0] == "f")
+    assert (op.db is not None) == (op.arity >= 2 and op.inputs[1] == "f")
     assert op.tier in O.TIERS
     if op.kind == "elementwise":
         assert op.c_fwd and op.c_da and (op.arity == 1 or op.c_db), f"{op.name}: elementwise ops carry C forms"

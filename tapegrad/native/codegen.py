@@ -4,7 +4,7 @@ Fixed ABI (every program): ``void tg_forward(void *ctx)``, ``tg_backward``, ``tg
 (forward + backward + step). ``ctx`` is a table of pointers: ``[0]`` the BLAS gemm, ``[1]`` the BLAS
 dot, ``[2]`` the step scalars (double), ``[3]`` the optimizer configuration (double), ``[4]`` the
 optimizer's parameter table (long long), ``[5]`` the LAPACK function table (linalg ops), ``[6]``
-an optional thread pool for large products (``tg_pool`` in runtime.c; 0 runs them in one BLAS call),
+an optional thread pool for large products (``tg_team`` in runtime.c; 0 runs them in one BLAS call),
 ``[7]`` reserved, ``[8 + i]`` buffer ``i`` (values,
 gradients, scratch, optimizer state). Elementwise nodes print the registry's C expressions through
 one dialect (``expr.py``); the rest call the runtime kernels in ``runtime.c``. A fused segment is one
@@ -102,9 +102,17 @@ class Emitter:
 
     def function(self, name, body):
         used = sorted({tok for line in body for tok in _ptr_names(line)}, key=_ptr_key)
-        decl = [f"    real *restrict {n} = TG_B({self._index(n)});" for n in used]
+        decl = [f"    {self.ctype(n)} *restrict {n} = ({self.ctype(n)} *)TG_B({self._index(n)});"
+                if self.ctype(n) != "real" else f"    real *restrict {n} = TG_B({self._index(n)});" for n in used]
         return [f"void {name}(void *ctx)", "{", "    void **T = (void **)ctx;", "    tg_cur = T;"] + decl + \
             ["    " + line for line in body] + ["}", ""]
+
+    def ctype(self, name):
+        """The C element type of a buffer name: ``real``, or data (bool masks, int64 indices)."""
+        k = int(name[1:])
+        if name[0] != "v" or self.p.nodes[k][0].arity or self.p.val[k].dtype.kind == "f":
+            return "real"
+        return "const unsigned char" if self.p.val[k].dtype.kind == "b" else "const long long"
 
     def _index(self, name):
         kind, k = name[0], int(name[1:])
@@ -140,7 +148,9 @@ class Emitter:
         fused = len(seg) > 1
         for k in seg:
             op, a, b, s = p.nodes[k]
-            env = {"a": self.operand(a, os_, inrun), "b": self.operand(b, os_, inrun) if b >= 0 else None}
+            c = p.third[k]
+            env = {"a": self.operand(a, os_, inrun), "b": self.operand(b, os_, inrun) if b >= 0 else None,
+                   "c": self.operand(c, os_, inrun) if c >= 0 else None}
             e = self.d.render(expr_of(op, "c_fwd"), env, s)
             if fused:
                 stmts.append(f"const real t{k} = {e};")
@@ -167,7 +177,7 @@ class Emitter:
             return self.cuda_kernel(name, os_, stmts)
         body = self.loop(os_, stmts)
         used = sorted({tok for line in body for tok in _ptr_names(line)}, key=_ptr_key)
-        params = ", ".join(f"real *restrict {n}" for n in used)
+        params = ", ".join(f"{self.ctype(n)} *restrict {n}" for n in used)
         self.helpers += [f"static void {name}({params})", "{"] + ["    " + ln for ln in body] + ["}", ""]
         return [f"{name}({', '.join(used)});"]
 
@@ -176,7 +186,7 @@ class Emitter:
         arithmetic as ``__d*_rn`` intrinsics, so nvcc cannot contract it into FMAs)."""
         n = math.prod(os_)
         used = sorted({tok for line in stmts for tok in _ptr_names(line)}, key=_ptr_key)
-        params = ", ".join(f"real *__restrict__ {p}" for p in used)
+        params = ", ".join(f"{self.ctype(p)} *__restrict__ {p}" for p in used)
         idx = [f"    const long i{d} = (i / {st}L) % {m}L;" for d, (m, st) in
                enumerate(zip(os_, kernels.strides(os_)))] if re.search(r"\bi\d+ \* ", " ".join(stmts)) else []
         self.helpers += [f"__global__ void {name}({params})", "{",
@@ -226,10 +236,12 @@ class Emitter:
     def node(self, k, side=None, first=False):
         p = self.p
         op, a, b, s = p.nodes[k]
+        c = p.third[k]
         j = a if side == "a" else b
         return kernels.Node(self, op.name, k, a, b, s, f"v{a}", f"v{b}" if b >= 0 else None, f"v{k}", f"g{k}",
                             p.shapes[a], p.shapes[b] if b >= 0 else None, p.shapes[k], side, j,
-                            (f"g{j}" if first else "S0") if side else None, first, self.d)
+                            (f"g{j}" if first else "S0") if side else None, first, self.d,
+                            f"v{c}" if c >= 0 else None, p.shapes[c] if c >= 0 else None)
 
     def S(self, j):
         return f"S{j}"
@@ -269,8 +281,10 @@ class Emitter:
         stmts, after = [], []
         for k, ta, fa, tb, fb in seg:
             op, a, b, s = p.nodes[k]
+            c = p.third[k]
             env = {"g": f"g{k}[i]", "out": f"v{k}[i]", "a": self.operand(a, os_, ()),
-                   "b": self.operand(b, os_, ()) if b >= 0 else None}
+                   "b": self.operand(b, os_, ()) if b >= 0 else None,
+                   "c": self.operand(c, os_, ()) if c >= 0 else None}
             for to, first, j, field, scr in ((ta, fa, a, "c_da", 0), (tb, fb, b, "c_db", 1)):
                 if not to:
                     continue

@@ -34,6 +34,8 @@ class Node(NamedTuple):
     dst: str            # backward: where the contribution goes
     first: bool
     d: object           # the dialect (literals)
+    C: str = None       # the third (data) input's value buffer and shape, if the op has one
+    csh: tuple = None
 
 
 def strides(shape):
@@ -117,9 +119,15 @@ def xent_fwd(n):
         [f"{n.V}[0] = {n.V}[0] / {n.d.lit(float(-(outer * inner)))};"]
 
 
-def slice_fwd(n):
+def window(n):
+    """A (strided) slice as an offset and element strides into the input."""
     st = strides(n.ash)
-    off = sum(lo * m for (lo, _), m in zip(n.s, st))
+    sl = O.steps(n.s)
+    return sum(lo * m for (lo, _, _), m in zip(sl, st)), [m * step for (_, _, step), m in zip(sl, st)]
+
+
+def slice_fwd(n):
+    off, st = window(n)
     return n.em.gather(n.V, f"{n.A} + {off}L", n.osh, st)
 
 
@@ -222,8 +230,7 @@ def xent_d(n):
 
 def slice_da(n):
     """zeros, then g placed in the window."""
-    st = strides(n.ash)
-    off = sum(lo * m for (lo, _), m in zip(n.s, st))
+    off, st = window(n)
     return [f"tg_fill({n.dst}, {math.prod(n.ash)}L, {n.d.lit(0.0)});"] + \
         n.em.scatter(f"{n.dst} + {off}L", st, n.G, n.osh, True), False
 

@@ -39,7 +39,8 @@ TG_FN real tg_pairwise(const real *a, long n)
 }
 
 /* out = Σ of x (shape[nd], C-contiguous) over the axes with red[k] = 1; out is the kept-axes array.
- * mode 0: sum; mode 1: max (NaN propagates). When the last axis is kept, each row of the trailing kept
+ * mode 0: sum; mode 1: max, mode 2: min (NaN propagates); mode 3: product (sequential, as NumPy's multiply
+ * reduction, which is not pairwise). When the last axis is kept, each row of the trailing kept
  * block is added into out element by element (NumPy's inner loop; vectorisable, still one ordered chain
  * per output element); when it is reduced, the trailing reduced block is summed pairwise. */
 TG_FN void tg_reduce(int mode, const real *x, real *out, int nd, const long *shape, const unsigned char *red)
@@ -64,7 +65,7 @@ TG_FN void tg_reduce(int mode, const real *x, real *out, int nd, const long *sha
     }
     nout = s;
     for (long i = 0; i < nout; i++)
-        out[i] = mode ? -INFINITY : R(0.0);
+        out[i] = mode == 0 ? R(0.0) : mode == 1 ? -INFINITY : mode == 2 ? INFINITY : R(1.0);
     long nouter = 1;
     for (int k = 0; k < t; k++) {
         nouter *= shape[k];
@@ -78,21 +79,34 @@ TG_FN void tg_reduce(int mode, const real *x, real *out, int nd, const long *sha
         if (run > 1 || inner == 1) {
             real *restrict dst = out + o;
             const real *restrict src = p;
-            if (mode == 0)
+            if (mode == 0) {
                 for (long j = 0; j < run; j++)
                     dst[j] = dst[j] + src[j];
-            else
+            } else if (mode == 1) {
                 for (long j = 0; j < run; j++)
                     if (dst[j] == dst[j] && (src[j] > dst[j] || src[j] != src[j]))
                         dst[j] = src[j];
+            } else if (mode == 2) {
+                for (long j = 0; j < run; j++)
+                    if (dst[j] == dst[j] && (src[j] < dst[j] || src[j] != src[j]))
+                        dst[j] = src[j];
+            } else {
+                for (long j = 0; j < run; j++)
+                    dst[j] = dst[j] * src[j];
+            }
             p += run;
         } else {
             if (mode == 0) {
                 out[o] += tg_pairwise(p, inner);
+            } else if (mode == 3) {
+                real m = out[o];
+                for (long i = 0; i < inner; i++)
+                    m = m * p[i];
+                out[o] = m;
             } else {
                 real m = out[o];
                 for (long i = 0; i < inner; i++)
-                    if (m == m && (p[i] > m || p[i] != p[i]))
+                    if (m == m && ((mode == 1 ? p[i] > m : p[i] < m) || p[i] != p[i]))
                         m = p[i];
                 out[o] = m;
             }
@@ -306,14 +320,14 @@ TG_FN void tg_mm_small(int ta, int tb, long m, long n, long k, const real *A, co
     }
 }
 
-/* A caller that runs a program on a thread pool (the XLA handler) puts a tg_pool at T[6]: products of
+/* A caller that runs a program on a thread pool (the XLA handler) puts a tg_team at T[6]: products of
  * at least min_mnk multiply-adds are then split by rows into `parts` independent BLAS calls that
  * `run` executes on the pool (each C element is computed by one call, in BLAS's own order). */
-typedef struct tg_pool {
-    void (*run)(struct tg_pool *self, int parts, void (*fn)(void *, int), void *arg);
+typedef struct tg_team {
+    void (*run)(struct tg_team *self, int parts, void (*fn)(void *, int), void *arg);
     long min_mnk;
     int parts;
-} tg_pool;
+} tg_team;
 
 static _Thread_local void **tg_cur;   /* the table of the running entry point (set on entry) */
 
@@ -357,7 +371,7 @@ TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real
         tg_mm_small(ta, tb, m, n, k, A, B, C);
         return;
     }
-    tg_pool *pool = tg_cur ? (tg_pool *)tg_cur[6] : NULL;
+    tg_team *pool = tg_cur ? (tg_team *)tg_cur[6] : NULL;
     if (pool && pool->parts > 1 && (long)m * n * k >= pool->min_mnk && m >= 2 * pool->parts) {
         tg_mm_job job = {gemm, ta, tb, m, n, k, pool->parts, A, B, C};
         pool->run(pool, pool->parts, tg_mm_part, &job);

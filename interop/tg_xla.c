@@ -3,8 +3,8 @@
  * A program is found by its content hash (attribute `prog`, an i64) in a process-wide table that
  * interop fills from Program.native_abi(); nothing in the HLO is a raw pointer. The handlers run the
  * program on XLA's buffers: each device has its own instance of the program -- a private copy of its
- * pointer table, and (every device but the first to run it) private copies of its value, gradient and scratch
- * buffers -- whose slot entries (parameters, inputs, optimizer state, gradients) are pointed at the
+ * pointer table, and (every device but the first to run it) private copies of its value, gradient
+ * and scratch buffers -- whose slot entries (parameters, inputs, optimizer state, gradients) are pointed at the
  * operands and results XLA passes before the program's entry point runs. Nothing is copied but the
  * loss and the step counter. Shards on different host devices run in parallel; calls on one device
  * take that instance's mutex. Leading batch dimensions (vmap with "broadcast_all") are looped over:

@@ -6,9 +6,13 @@ compiled by tapegrad's content-hashed build cache (``tapegrad.native.build``) an
 after ``jax.devices()`` under target names carrying the source hash. A program is loaded into the
 handler's native table under ``program.hash64``; the HLO carries only that hash (attribute ``prog``).
 
-Without a C compiler (or for a NumPy-backend program) the same functions run the program through
-``interop.callback`` (zero-copy host callback) with the same results: both paths copy the operands
-into the program's slots, run the program's own code, and copy the results out.
+The handler runs the program on XLA's own buffers: it points a per-device copy of the program's
+pointer table at the operands and results (no copies in or out), so the episode's parameters and
+optimizer state are updated where XLA keeps them (in place when donated), and shards on different
+host devices run at the same time on their own instances. Without a C compiler (or for a NumPy-backend
+program) the same functions run the program through ``interop.callback`` (zero-copy host callback),
+which copies the operands into the program's slots, runs the program's own code and copies the
+results out; both paths give the same bits.
 """
 import ctypes
 import hashlib
@@ -74,6 +78,7 @@ def native_library() -> Optional[tuple[ctypes.CDLL, dict[str, str]]]:
         lib = ctypes.CDLL(path)
         lib.tg_load.argtypes, lib.tg_load.restype = [ctypes.c_void_p], ctypes.c_int
         lib.tg_unload.argtypes, lib.tg_unload.restype = [ctypes.c_int64], ctypes.c_int
+        lib.tg_stats.argtypes, lib.tg_stats.restype = [ctypes.c_int64, ctypes.c_void_p], ctypes.c_int
         jax.devices()
         h8 = hashlib.sha256(src.encode()).hexdigest()[:8]
         names = {}
@@ -96,11 +101,12 @@ def load(program: Program) -> int:
     abi = program.native_abi()
     h = program.hash64
     es = np.dtype(abi["dtype"]).itemsize
-    slots = abi["params"] + abi["grads"] + abi["inputs"] + abi["opt_state"]
-    desc = [_i64(h), abi["forward"], abi["backward"], abi["episode"], abi["ctx"], abi["loss"],
-            abi["step_scalars"], es, len(abi["params"]), len(abi["inputs"]), len(abi["opt_state"])]
-    for ptr, shape in slots:
-        desc += [ptr, int(np.prod(shape))]
+    desc = [_i64(h), abi["forward"], abi["backward"], abi["episode"], abi["ctx"], abi["sizes"], abi["table_len"],
+            abi["loss_index"], es, len(abi["params"]), len(abi["inputs"]), len(abi["opt_state"])]
+    desc += abi["param_index"] + abi["input_index"] + abi["grad_index"]
+    get, set_ = _blas_threads(program)
+    big = any(program.nodes[k][0].kind == "matmul" and _mnk(program, k) > OPENBLAS_THREADED for k in program.compute)
+    desc += [get, set_, int(big), SPLIT_PRODUCTS]
     arr = np.array(desc, np.int64)
     if lib[0].tg_load(arr.ctypes.data) != 0:
         raise MemoryError("load: tg_load could not allocate its table entry")
@@ -131,12 +137,53 @@ def _reattached(program):
         load(program)
 
 
+# Inside the handler, products of at least SPLIT_PRODUCTS multiply-adds are split by rows over XLA's
+# intra-op thread pool, one single-threaded BLAS call per part (experiments/bench_interop.py, medium and
+# large). OpenBLAS starts its own threads from about 4·65536 multiply-adds (its GEMM_MULTITHREAD_THRESHOLD);
+# programs with a product above OPENBLAS_THREADED run with OpenBLAS single-threaded during the call.
+SPLIT_PRODUCTS = 1 << 20
+OPENBLAS_THREADED = 1 << 16
+
+
+def _mnk(program, k):
+    _, a, b, _ = program.nodes[k]
+    return int(np.prod(program.shapes[a])) * int(program.shapes[b][-1])
+
+
+def _blas_threads(program):
+    """Addresses of OpenBLAS's get/set thread-count functions in the BLAS the program calls (0, 0 if
+    that BLAS is not an OpenBLAS exporting them)."""
+    from tapegrad.native import runner
+    path = runner.blas_pointers(program.dtype)[3]
+    if not os.path.exists(path):
+        return 0, 0
+    lib = ctypes.CDLL(path)
+    for suffix in ("64_", "_64_", ""):
+        for pre in ("scipy_openblas", "openblas"):
+            get = getattr(lib, f"{pre}_get_num_threads{suffix}", None)
+            set_ = getattr(lib, f"{pre}_set_num_threads{suffix}", None)
+            if get is not None and set_ is not None:
+                return (ctypes.cast(get, ctypes.c_void_p).value, ctypes.cast(set_, ctypes.c_void_p).value)
+    return 0, 0
+
+
 def unload(program_or_hash: Union[Program, int]) -> bool:
     """Drop a program from the native table: later calls to it fail with an XLA error (not a crash)."""
     h = program_or_hash if isinstance(program_or_hash, int) else program_or_hash.hash64
     lib = native_library()
     found = bool(lib and lib[0].tg_unload(_i64(h)))
     return found
+
+
+def stats(program):
+    """``{"instances": devices that ran ``program`` through the native handler (each has its own
+    instance: a private pointer table and, beyond the first device, private buffers), "splits": products split
+    over XLA's thread pool}``, or None when it is not loaded."""
+    lib = native_library()
+    out = np.zeros(2, np.int64)
+    if lib is None or lib[0].tg_stats(_i64(program.hash64), out.ctypes.data) != 0:
+        return None
+    return {"instances": int(out[0]), "splits": int(out[1])}
 
 
 def _i64(h):

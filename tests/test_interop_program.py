@@ -355,3 +355,161 @@ def test_without_a_c_compiler_the_callback_path_runs():
     env = dict(os.environ, CC="/nonexistent/cc")
     r = subprocess.run([sys.executable, "-c", NO_CC], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+# ── the FFI handler runs on XLA's buffers: the same bits as the copying (host-callback) path ──
+
+def bits(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert np.asarray(x).shape == np.asarray(y).shape and (np.asarray(x) == np.asarray(y)).all()
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+@pytest.mark.parametrize("flat", [False, True])
+def test_zero_copy_episode_gives_the_copying_paths_bits(flat):
+    prog = build("native", optimizer=True)
+    ffi = jax.jit(interop.program_episode(prog, flat=flat), donate_argnums=0 if flat else (0, 1, 2))
+    host = jax.jit(interop.program_episode(prog, flat=flat, native=False))
+    a = interop.episode_state(prog, flat=flat)
+    b = jax.tree.map(jnp.array, a)
+    for x, y in DATA[:6]:
+        xy = (jnp.asarray(x), jnp.asarray(y))
+        la, *a = ffi(*([a] if flat else a), xy)
+        lb, *b = host(*([b] if flat else b), xy)
+        a, b = (a[0], b[0]) if flat else (a, b)
+        assert float(la) == float(lb)
+        bits(a, b)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_zero_copy_vmap_gives_the_copying_paths_bits():
+    ffi, host = CALLS["native"], interop.program_call(PROGS["native"], native=False)
+    Ws = jnp.stack([ARGS[0], 2 * ARGS[0], -ARGS[0]])
+    xs = jnp.stack([jnp.asarray(x) for x, _ in DATA[:3]])
+    for f in (lambda g: jax.vmap(jax.value_and_grad(g, (0, 1)), (0, None, 0, None)),):
+        bits(jax.jit(f(ffi))(Ws, ARGS[1], xs, ARGS[3]), jax.jit(f(host))(Ws, ARGS[1], xs, ARGS[3]))
+
+
+def square_model(backend, optimizer=False):
+    """A program whose parameter and two inputs share one shape, so one XLA buffer can fill several."""
+    tape = tg.Tape()
+    W = tape.param(RNG.standard_normal((3, 3)) * 0.5)
+    x, y = tape.const(np.zeros((3, 3))), tape.const(np.zeros((3, 3)))
+    loss = ((x @ W).tanh() * y + W * x).sum()
+    prog = tg.capture(tape, loss, backend=backend)
+    if optimizer:
+        opt = tg.Adam(1e-2)
+        opt.add(tape, W)
+        prog.attach(opt)
+    return prog, np.array(tape.value(W))
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_one_buffer_passed_for_several_operands():
+    prog, W = square_model("native")
+    ffi, host = interop.program_call(prog), interop.program_call(prog, native=False)
+    x = jnp.asarray(RNG.standard_normal((3, 3)))
+    for f in (ffi, host):
+        assert f.native == (f is ffi)
+    # inside one jit the same value feeds both inputs (and the parameter): XLA passes one buffer
+    same = [jax.jit(jax.value_and_grad(lambda W, x: f(W, x, x)))(jnp.asarray(W), x) for f in (ffi, host)]
+    bits(*same)
+    every = [jax.jit(lambda x: jax.value_and_grad(lambda W: f(W, x, x))(x))(x) for f in (ffi, host)]
+    bits(*every)
+    tape = tg.Tape()
+    Wv = tape.param(np.asarray(x))
+    xv = tape.const(np.asarray(x))
+    loss = ((xv @ Wv).tanh() * xv + Wv * xv).sum()
+    tape.backward(loss)
+    close(every[0][0], tape.value(loss))
+    close(every[0][1], tape.grad(Wv))
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_episode_whose_parameter_is_also_an_input():
+    prog, W = square_model("native", optimizer=True)
+    runs = []
+    for native in (True, False):
+        step = jax.jit(lambda p, s, c, f=interop.program_episode(prog, native=native): f(p, s, c, (p[0], p[0])))
+        params, state, count = interop.episode_state(prog)
+        out = []
+        for _ in range(3):   # the parameter is read as both inputs while the step updates it
+            loss, params, state, count = step(params, state, count)
+            out.append((loss, params, state, count))
+        runs.append(out)
+    bits(*runs)
+    assert float(runs[0][-1][3]) == 3.0
+
+
+SHARD_EPISODE = r'''
+import os, sys, functools
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import numpy as np, tapegrad as tg, interop
+from interop import jax, jnp
+from interop import program as PR
+from jax.sharding import PartitionSpec as P, NamedSharding
+rng = np.random.default_rng(0)
+tape = tg.Tape()
+W = tape.param(rng.standard_normal((4, 3)) * .5); b = tape.param(np.zeros(3))
+loss = tg.softmax_cross_entropy((tape.const(np.zeros((5, 4))) @ W + b).tanh(), tape.const(np.zeros((5, 3))))
+prog = tg.capture(tape, loss, backend="native")
+opt = tg.Adam(1e-2); opt.add(tape, W); opt.add(tape, b); prog.attach(opt)
+step = interop.program_episode(prog, flat=True)
+s0 = interop.episode_state(prog, flat=True)
+X = jnp.asarray(rng.standard_normal((20, 4))); Y = jnp.asarray(np.eye(3)[rng.integers(0, 3, 20)])
+mesh = jax.make_mesh((4,), ("data",))
+@jax.jit
+@functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("data"), P("data"), P("data")), out_specs=(P("data"), P("data")))
+def each(s, x, y):     # every shard trains its own copy of the state on its own data: no communication
+    l, s = step(s[0], (x, y))
+    l, s = step(s, (x, y))
+    return l[None], s[None]
+sh = NamedSharding(mesh, P("data"))
+S = jax.device_put(jnp.stack([s0 * (1 + k) for k in range(4)]), sh)
+l, s = each(S, jax.device_put(X, sh), jax.device_put(Y, sh))
+assert len(jax.devices()) == 4 and PR.stats(prog)["instances"] == 4, PR.stats(prog)
+l, s = np.asarray(l), np.asarray(s)
+one = jax.jit(step)
+for k in range(4):
+    x, y = X[5 * k:5 * k + 5], Y[5 * k:5 * k + 5]
+    lk, sk = one(s0 * (1 + k), (x, y))
+    lk, sk = one(sk, (x, y))
+    assert float(lk) == l[k] and (np.asarray(sk) == s[k]).all(), k
+print("ok", PR.stats(prog)["instances"])
+'''
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_episode_per_shard_on_four_host_devices_runs_one_instance_each():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    r = subprocess.run([sys.executable, "-c", SHARD_EPISODE], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "ok 4" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_products_split_over_xlas_thread_pool_give_the_same_bits(monkeypatch):
+    """Inside the handler, products from SPLIT_PRODUCTS multiply-adds up are split by rows over XLA's
+    intra-op pool: loss, gradients and episode the same bits as the copying path (one BLAS call each)."""
+    monkeypatch.setattr(P, "SPLIT_PRODUCTS", 64)
+    monkeypatch.setenv("TAPEGRAD_SMALL_GEMM", "0")
+    rng = np.random.default_rng(3)
+    tape = tg.Tape()
+    W1, W2 = tape.param(rng.standard_normal((9, 24)) * 0.3), tape.param(rng.standard_normal((24, 5)) * 0.3)
+    x, y = tape.const(rng.standard_normal((40, 9))), tape.const(np.eye(5)[rng.integers(0, 5, 40)])
+    prog = tg.capture(tape, tg.softmax_cross_entropy((x @ W1).tanh() @ W2, y), backend="native")
+    opt = tg.Adam(1e-2)
+    opt.add(tape, W1)
+    opt.add(tape, W2)
+    prog.attach(opt)
+    args = [jnp.asarray(tape.value(v)) for v in (W1, W2, x, y)]
+    vg = [jax.jit(jax.value_and_grad(interop.program_call(prog, native=n), (0, 1)))(*args) for n in (True, False)]
+    bits(*vg)
+    eps = []
+    for n in (True, False):
+        step = jax.jit(interop.program_episode(prog, flat=True, native=n))
+        s = interop.episode_state(prog, flat=True)
+        for _ in range(3):
+            loss, s = step(s, tuple(args[2:]))
+        eps.append((loss, s))
+    bits(*eps)
+    assert P.stats(prog)["splits"] > 0 or os.cpu_count() == 1   # XLA's pool has a thread per core

@@ -30,7 +30,8 @@ def _episode(ctx, interop):
         loss.block_until_ready()
         t.append(time.perf_counter() - t0)
         losses.append(float(loss))
-    params = [np.asarray(p) for p in interop.unflatten_state(prog, state)[0]]
+    named = interop.unflatten_state(prog, state)[0]
+    params = [np.asarray(named[n]) for n in prog.param_names]
     return ("native FFI" if step.native else "callback"), losses, np.median(t[1:]) * 1e6, params
 
 

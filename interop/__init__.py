@@ -22,11 +22,11 @@ from .function import TransformError, jax_function
 from .oracle import (Divergence, GradientMismatchError, GradReport, Kink, Precision, TracingError,
                      UnsupportedPrimitiveError, assert_grads, check_grads)
 from .parity import ParityReport, compare_with_optax, optax_chain
-from .program import (ProgramError, episode_state, program_call, program_episode, program_inputs,
-                      unflatten_state)
+from .program import (ProgramError, SGDState, episode_state, flatten_state, program_call, program_episode,
+                      program_inputs, unflatten_state)
 
 __all__ = ["jax", "jnp", "CopyWarning", "to_jax", "from_jax", "cupy_to_jax", "jax_to_cupy",
            "TransformError", "jax_function", "Divergence", "GradReport", "Kink", "Precision",
            "UnsupportedPrimitiveError", "TracingError", "GradientMismatchError", "check_grads", "assert_grads",
-           "ParityReport", "compare_with_optax", "optax_chain", "ProgramError",
-           "episode_state", "program_call", "program_episode", "program_inputs", "unflatten_state"]
+           "ParityReport", "compare_with_optax", "optax_chain", "ProgramError", "SGDState", "episode_state",
+           "flatten_state", "program_call", "program_episode", "program_inputs", "unflatten_state"]

@@ -49,7 +49,11 @@ class GradientMismatchError(TapeError, AssertionError):
 
 @dataclass
 class Divergence:
-    """Where tapegrad and JAX first part: the step (replay order), its text, how, and by how much."""
+    """Where tapegrad and JAX first part: the step, its text, how, and by how much.
+
+    ``index`` counts the steps of ``f``'s jaxpr with calls inlined (what the report calls "equation
+    k"); a step inside a loop or branch is located by the top-level step that holds it and ``where``.
+    """
     index: int
     eqn: str
     kind: str          # "value" (forward values differ) or "vjp" (the equation's local VJP differs)

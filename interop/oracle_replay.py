@@ -235,6 +235,8 @@ class Plan:
             for i, (s, v) in enumerate(zip(st.outs, st.eqn.outvars)):
                 if name in PER_OPERAND and not (isinstance(st.ins[i], int) and st.ins[i] in tainted):
                     slots.add(s)
+                elif is_float(v.aval) and not np.prod(v.aval.shape):
+                    slots.add(s)            # an empty result is JAX's value
                 elif is_float(v.aval):
                     tainted.add(s)
         return sorted(slots), steps
@@ -461,6 +463,8 @@ class Replay:
                 self.where.append(f"{name} (step {index})")
                 outs = CONTROL_RULES[name](self, st, xs, jenv)
                 self.where.pop()
+            elif all(is_data(v.aval) or not np.prod(v.aval.shape) for v in eqn.outvars):
+                outs = [None] * len(eqn.outvars)    # empty results carry no gradient: JAX's (empty) values
             elif name not in RULES or missing(name):
                 self.unsupported.setdefault(name, missing(name) if name in RULES else None)
                 outs = [None] * len(eqn.outvars)

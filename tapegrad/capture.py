@@ -34,10 +34,10 @@ from ._arena import aligned_copy, aligned_empty, readonly
 from .errors import DTypeError, ForeignVarError, LazyValueError, ShapeError, TapeError, at
 from .tape import Var
 
-BACKENDS = ("numpy", "native")
+BACKENDS = ("numpy", "native", "cupy")
 
 
-def capture(tape, loss, backend="numpy", dtype="float64", fuse=True):
+def capture(tape, loss, backend="numpy", dtype="float64", fuse=True, ordered=None):
     """Freeze the tape's episode ``[0, len(tape))`` with ``loss`` as the backward seed into a Program.
 
     ``backend``: "numpy" (the reference replay, bit-identical to the tape) or "native" (generated C
@@ -45,6 +45,9 @@ def capture(tape, loss, backend="numpy", dtype="float64", fuse=True):
     ``dtype``: the program's element type; "float32" runs in float32 while the tape stays float64 (tested
     bound: MLP losses and parameters after 5 Adam steps within 1e-5 relative of the float64 tape).
     ``fuse``: (native) fuse runs of row-local elementwise nodes into one loop (bit-identical to unfused).
+    ``ordered``: run matmul and sums in ordered mode (``tapegrad.ordered``: serial index-order sums, no
+    FMA), so every backend reproduces an ordered tape bit for bit; default: the tape's own mode.
+    "cupy" runs the program's CUDA source on an NVIDIA GPU (``tapegrad.gpu``; needs CuPy and a device).
 
     Exactness: the NumPy replay is bit-identical to the eager tape (same rules, same order). The native
     replay is bit-identical for the registry's "exact" and "order" ops (its reductions follow NumPy's
@@ -55,7 +58,8 @@ def capture(tape, loss, backend="numpy", dtype="float64", fuse=True):
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise DTypeError(f"capture: dtype must be float64 or float32, got {dt}")
-    return Program(tape, loss, backend, dt, fuse if fuse == "libm" else bool(fuse))
+    ordered = getattr(tape, "ordered", False) if ordered is None else bool(ordered)
+    return Program(tape, loss, backend, dt, fuse if fuse == "libm" else bool(fuse), ordered)
 
 
 class _Opt:
@@ -91,7 +95,7 @@ class Program:
     overwrites. A program owns one set of buffers: run it from one thread at a time.
     """
 
-    def __init__(self, tape, loss, backend, dtype, fuse):
+    def __init__(self, tape, loss, backend, dtype, fuse, ordered=False):
         self.loss_id = tape._index(loss, "capture", "loss")
         shapes = [nd.shape for nd in tape._nodes]  # known even where the tape holds no value
         if math.prod(shapes[self.loss_id]) != 1:
@@ -100,7 +104,13 @@ class Program:
         self.backend, self.dtype, self.fuse = backend, dtype, fuse
         self._tape = weakref.ref(tape)
         n = len(tape)
-        self.nodes = [(nd.op, nd.a, nd.b, nd.s) for nd in tape._nodes]
+        self.ordered = ordered
+        if ordered:
+            from .ordered import order_of
+            self.nodes = [(order_of(nd.op), nd.a, nd.b, nd.s) for nd in tape._nodes]
+        else:
+            from .ordered import DEFAULT
+            self.nodes = [(DEFAULT.get(nd.op, nd.op), nd.a, nd.b, nd.s) for nd in tape._nodes]
         self.third = [nd.c for nd in tape._nodes]   # the data input of 3-input ops (where, scatters), else -1
         self.epochs = [nd.epoch for nd in tape._nodes]
         self.shapes = shapes
@@ -134,6 +144,9 @@ class Program:
         if backend == "numpy":
             from .replay import NumpyRunner
             self.runner = NumpyRunner(self)
+        elif backend == "cupy":
+            from .gpu.runner import CupyRunner
+            self.runner = CupyRunner(self)
         else:
             from .native.runner import NativeRunner
             self.runner = NativeRunner(self)

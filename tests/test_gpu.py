@@ -57,7 +57,8 @@ def test_fused_equals_per_node_and_fuses():
     (a, plan_f), (b, plan_n) = runs
     assert a[0] == b[0] and all((u == v).all() for u, v in zip(a[1], b[1]))
     assert plan_f["kernels_forward"] < plan_n["kernels_forward"]
-    assert plan_f["launches_per_episode"] < plan_n["launches_per_episode"]
+    # the seed's megakernel episode: fused forward, seed, row-space + param-space backward, one optimizer launch
+    assert plan_f["launches_per_episode"] <= 6 < plan_n["launches_per_episode"]
 
 
 @pytest.mark.parametrize("loss", ["mse", "xent"])

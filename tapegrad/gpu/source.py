@@ -30,8 +30,8 @@ from typing import NamedTuple
 
 from .. import ops as O
 from .. import ordered
+from . import rowspace
 from ..errors import TapeError, at
-from ..native import fuse as native_fuse
 from ..native.codegen import expr_of
 from ..native.expr import RUNTIME_FUNCS, calls, dialect
 from ..native.kernels import axis3, bstrides, keep, strides
@@ -199,9 +199,7 @@ class CudaProgram:
         os_ = p.shapes[k]
         if op is ordered.matmul:
             kk, nn = p.shapes[a][1], os_[1]
-            return [f"real acc = {self.d.lit(0.0)};",
-                    f"for (long q = 0; q < {kk}L; q++) acc = {self.add('acc', self.mul(f'v{a}[s * {kk}L + q]', f'v{b}[q * {nn}L + c]'))};",
-                    f"v{k}[i] = acc;"]
+            return self.dot_lines(f"v{k}", f"v{a}", f"v{b}", "s", "c", kk, (kk, 1), (nn, 1))
         env = {"a": self.operand(a, os_), "b": self.operand(b, os_) if b >= 0 else None,
                "c": self.operand(p.third[k], os_) if p.third[k] >= 0 else None}
         stmts = [f"v{k}[i] = {self.d.render(expr_of(op, 'c_fwd'), env, s)};"]
@@ -229,11 +227,16 @@ class CudaProgram:
             return [self.flat(f"f{k}", self.n(k), self.idx(os_, stmts) + stmts)]
         return _FORWARD[op.name](self, k, op, a, b, s)
 
+    def dot_lines(self, dst, A, B, r, c, kk, sa, sb, first=True):
+        """dst[r, c] (+)= Σ_q A[r, q]·B[q, c] serially in q from 0 (``i`` = the flat index of dst)."""
+        term = self.mul(f"{A}[{r} * {sa[0]}L + q * {sa[1]}L]", f"{B}[q * {sb[0]}L + {c} * {sb[1]}L]")
+        return [f"real acc = {self.d.lit(0.0)};", f"for (long q = 0; q < {kk}L; q++) acc = {self.add('acc', term)};",
+                self.put(f"{dst}[i]", "acc", first)]
+
     def dot(self, tag, dst, A, B, m, n, kk, sa, sb, first=True):
-        """dst[r, c] (+)= Σ_q A[r, q]·B[q, c] serially in q; ``sa``/``sb`` element strides (row, col)."""
-        acc = f"acc = {self.add('acc', self.mul(f'{A}[r * {sa[0]}L + q * {sa[1]}L]', f'{B}[q * {sb[0]}L + c * {sb[1]}L]'))};"
-        return self.flat(tag, m * n, [f"const long r = i / {n}L, c = i % {n}L;", f"real acc = {self.d.lit(0.0)};",
-                                      f"for (long q = 0; q < {kk}L; q++) {acc}", self.put(f"{dst}[i]", "acc", first)])
+        """A per-node serial-dot kernel (``dot_lines``), one thread per element of dst (m, n)."""
+        return self.flat(tag, m * n, [f"const long r = i / {n}L, c = i % {n}L;"]
+                         + self.dot_lines(dst, A, B, "r", "c", kk, sa, sb, first))
 
     def reduce(self, tag, x, out, shape, axes, scale=None, first=True):
         """out[o] (+)= Σ x over ``axes`` (serial, row-major over the reduced index), then / ``scale``."""
@@ -271,9 +274,12 @@ class CudaProgram:
     def _backward(self):
         p = self.p
         out = [self.flat("seed", self.n(p.loss_id), [f"g{p.loss_id}[i] = {self.d.lit(1.0)};"])]
-        _, segs = native_fuse.plan(p, fuse=self.fuse, libm=True)
-        for seg in segs:
-            if len(seg) > 1 or p.nodes[seg[0][0]][0].kind == "elementwise":
+        for run in rowspace.segments(self):
+            if run["jobs"] is not None:
+                out += rowspace.launches(self, run)
+                continue
+            seg = run["entries"]
+            if p.nodes[seg[0][0]][0].kind == "elementwise":
                 out += self._ew_backward(seg)
             else:
                 k, ta, fa, tb, fb = seg[0]
@@ -285,6 +291,22 @@ class CudaProgram:
                         out += _BACKWARD[op.name](self, k, side, first)
         return out
 
+    def ew_contribution(self, k, side):
+        """The C expression of elementwise node k's contribution to its input ``side`` at flat index i."""
+        p = self.p
+        op, a, b, s = p.nodes[k]
+        os_ = p.shapes[k]
+        env = {"g": f"g{k}[i]", "out": f"v{k}[i]", "a": self.operand(a, os_),
+               "b": self.operand(b, os_) if b >= 0 else None,
+               "c": self.operand(p.third[k], os_) if p.third[k] >= 0 else None}
+        return self.d.render(expr_of(op, "c_da" if side == "a" else "c_db"), env, s)
+
+    def spread_element(self, k):
+        """A full sum/mean's gradient element: g (divided by the count for mean)."""
+        op, a, _, s = self.p.nodes[k]
+        e = f"g{k}[0L]"
+        return self.div(e, self.d.lit(float(O.count(self.p.shapes[a], s)))) if op.name.startswith("mean") else e
+
     def _ew_backward(self, seg):
         p = self.p
         k0 = seg[0][0]
@@ -292,14 +314,11 @@ class CudaProgram:
         phases, after = [], []
         for k, ta, fa, tb, fb in seg:
             op, a, b, s = p.nodes[k]
-            env = {"g": f"g{k}[i]", "out": f"v{k}[i]", "a": self.operand(a, os_),
-                   "b": self.operand(b, os_) if b >= 0 else None,
-                   "c": self.operand(p.third[k], os_) if p.third[k] >= 0 else None}
             stmts = []
             for to, first, j, field, scr in ((ta, fa, a, "c_da", 0), (tb, fb, b, "c_db", 1)):
                 if not to:
                     continue
-                e = self.d.render(expr_of(op, field), env, s)
+                e = self.ew_contribution(k, field[-1])
                 if p.shapes[j] == os_:
                     stmts.append(self.put(f"g{j}[i]", e, first))
                 elif e == f"g{k}[i]":
@@ -339,11 +358,16 @@ class CudaProgram:
         if o.clip is not None:
             raise TapeError("attach: gradient clipping is not available on the GPU backend yet; use "
                             "backend='native' or 'numpy', or an optimizer without clip")
-        launches = []
-        for j, i in enumerate(o.ids):
-            if o.touched[j]:
-                launches.append(self.flat(f"opt{j}", self.n(i), self._update(o, j, i)))
-        return launches
+        todo = [(j, i) for j, i in enumerate(o.ids) if o.touched[j]]
+        if not self.fuse:
+            return [self.flat(f"opt{j}", self.n(i), self._update(o, j, i)) for j, i in todo]
+        # fused: one launch for every parameter, blockIdx.y picks the parameter
+        body = ["const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;"]
+        for y, (j, i) in enumerate(todo):
+            body += [f"if (blockIdx.y == {y}u && i < {self.n(i)}L) {{"] + \
+                ["    " + ln for ln in self._update(o, j, i)] + ["}"]
+        widest = max([self.n(i) for _, i in todo] + [1])
+        return [self.kernel("opt", [body], (max(1, -(-widest // THREADS)), max(1, len(todo))))] if todo else []
 
     def _update(self, o, j, i):
         """One parameter's update, operation by operation as ``tapegrad.optim`` (gradient + l2·w first)."""

@@ -218,6 +218,8 @@ class Program:
                              f"got {a.shape}; a program is static: every episode has the captured shapes")
         np.copyto(self.val[i], a, casting="unsafe")
         self.missing.discard(i)
+        if self.backend == "cupy":
+            self.runner.input_changed(i)
 
     def _set_data(self, i, a):
         have = self.val[i]
@@ -240,6 +242,8 @@ class Program:
                     raise ShapeError(f"{at('set_input', i)}: data node {i} does not fit {op.name} (node {j}): {e}") \
                         from None
         np.copyto(have, new)
+        if self.backend == "cupy":
+            self.runner.input_changed(i)
 
     def _ready(self, what):
         if self.missing:
@@ -291,21 +295,29 @@ class Program:
                 self.set_input(var, array)
         self._ready("episode")
         self.runner.episode()
+        if self.backend == "cupy":
+            return self.runner.loss_value()
         return float(self.val[self.loss_id].reshape(-1)[0])
 
     # ── reading ──────────────────────────────────────────────────────────────
 
     def loss(self):
-        """The loss value of the last forward: a read-only view (one element)."""
+        """The loss value of the last forward: a read-only view (one element; a CuPy array on "cupy")."""
+        if self.backend == "cupy":
+            return self.runner.device_array(self.loss_id)
         return readonly(self.val[self.loss_id])
 
     def value(self, var):
-        """A read-only view of a node's value in the program."""
+        """A read-only view of a node's value in the program (a CuPy array on "cupy")."""
+        if self.backend == "cupy":
+            return self.runner.device_array(self._slot(var, "value"))
         return readonly(self.val[self._slot(var, "value")])
 
     def grad(self, var):
         """A read-only view of d loss/d var (zeros for nodes backward does not reach)."""
         i = self._slot(var, "grad")
+        if self.backend == "cupy":
+            return self.runner.device_array(i, "g")
         g = self.grad_buf(i)
         return readonly(g)
 
@@ -323,6 +335,8 @@ class Program:
         """Write the program's parameters back into the tape (and its optimizer's state, if given)."""
         if tape is not self._tape():
             raise ForeignVarError("sync_params: not the tape this program was captured from")
+        if self.backend == "cupy":
+            self.runner.download()
         for k in self.params:
             if k < len(tape) and tape._nodes[k].op is O.param and tape._val[k] is not None:
                 np.copyto(tape._val[k], self.val[k], casting="unsafe")

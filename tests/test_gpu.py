@@ -107,3 +107,36 @@ def test_every_kernel_compiles_with_nvcc(tmp_path, ordered, dtype):
                             str(path), "-o", str(path.with_suffix(".cubin"))], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
         assert path.with_suffix(".cubin").stat().st_size > 0
+
+
+def _tiny():
+    tape = tg.Tape()
+    w = tape.param(np.ones((2, 2)))
+    return tape, (w * w).sum()
+
+
+def test_cupy_backend_without_cupy_says_so(monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "cupy", None)   # import cupy raises ImportError
+    tape, loss = _tiny()
+    with pytest.raises(tg.BuildError, match=r"capture\(backend='cupy'\): CuPy is not installed .*tapegrad\[gpu\]"):
+        tg.capture(tape, loss, backend="cupy")
+    assert len(tape) == 3 and float(tape.value(loss)) == 4.0   # the tape is untouched
+
+
+def test_cupy_backend_without_a_device_says_no_gpu():
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            pytest.skip("a CUDA device is present: the no-GPU path cannot be exercised here")
+    except Exception:
+        pass
+    tape, loss = _tiny()
+    with pytest.raises(tg.BuildError, match=r"capture\(backend='cupy'\): no GPU is available"):
+        tg.capture(tape, loss, backend="cupy")
+
+
+def test_import_tapegrad_does_not_import_cupy():
+    code = "import sys, tapegrad, tapegrad.gpu.source, tapegrad.gpu.runner; print('cupy' in sys.modules)"
+    r = subprocess.run([__import__("sys").executable, "-c", code], capture_output=True, text=True,
+                       env={**__import__("os").environ, "PYTHONPATH": str(__import__("pathlib").Path(tg.__file__).parent.parent)})
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stderr

@@ -93,26 +93,38 @@ def _cupy():
 
 
 class CupyRunner(LaunchRunner):
-    """The program on an NVIDIA GPU through CuPy: kernels from NVRTC (``RawModule``, ``--fmad=false``),
-    device buffers mirroring the program's, the optimizer on the device, and ``episode`` replayed as one
-    CUDA graph (captured on the first episode; inputs and ``ctl`` are uploaded before each replay)."""
+    """The program on an NVIDIA GPU through CuPy.
+
+    Kernels come from NVRTC (``RawModule`` with ``--fmad=false``; the ``__d*_rn`` intrinsics already
+    forbid contraction), every buffer lives on the device, all work is ordered on one non-blocking
+    stream, and ``episode`` runs as one CUDA graph, captured on the first episode (ordered mode: no
+    cuBLAS inside, which CuPy disables during capture) and replayed with only the changed inputs and
+    the ``ctl`` scalars uploaded before each replay. ``Program.value``/``grad``/``loss`` return CuPy
+    arrays; ``sync_params``/``optimizer_state`` copy back to the host."""
 
     def __init__(self, prog):
         self.cupy = _cupy()
         self.graph = None
+        self.dirty = set()
         super().__init__(prog)
 
     def build(self):
         cp, p, cu = self.cp, self.p, self.cupy
+        self.stream = cu.cuda.Stream(non_blocking=True)
         self.module = cu.RawModule(code=cp.src, options=("--fmad=false", "-std=c++14"))
-        self.fns = {}
+        self.fns = {L.name: self.module.get_function(L.name)
+                    for L in cp.forward + cp.backward + cp.step if L.kind == "kernel"}
         self.dev = {}
-        for key in cp.buffers:
-            host = self.host_array(key)
-            self.dev[key] = cu.asarray(host.reshape(-1)) if host is not None else cu.zeros(cp.scratch_size, p.dtype)
-        self.vt = cu.asarray(np.array([self.dev[k].data.ptr for k in cp.buffers] or [0], np.int64))
-        self.ctl = cu.zeros(CTL, np.float64)
+        with self.stream:
+            for key in cp.buffers:
+                host = self.host_array(key)
+                self.dev[key] = cu.asarray(host.reshape(-1)) if host is not None else \
+                    cu.zeros(cp.scratch_size, p.dtype)
+            self.vt = cu.asarray(np.array([self.dev[k].data.ptr for k in cp.buffers] or [0], np.int64))
+            self.ctl = cu.zeros(CTL, np.float64)
+        self.stream.synchronize()
         self.graph = None
+        self.dirty = set()
 
     def host_array(self, key):
         p = self.p
@@ -128,70 +140,76 @@ class CupyRunner(LaunchRunner):
     def write_ctl(self, sc):
         host = np.zeros(CTL)
         host[:len(sc)] = sc
-        self.ctl.set(host) if hasattr(self.ctl, "set") else self.ctl.__setitem__(slice(None), self.cupy.asarray(host))
+        self.ctl.set(host, stream=self.stream)
 
     def launch(self, L):
-        if L.kind == "gemm":
-            a, b, c = self.gemm_operands(L, lambda key: self.dev[key])
+        if L.kind == "gemm":   # the cuBLAS call site (default mode)
+            a, b, c = self.gemm_operands(L, self.dev.__getitem__)
             self.cupy.matmul(a, b, out=c)
             return
-        fn = self.fns.get(L.name)
-        if fn is None:
-            fn = self.fns[L.name] = self.module.get_function(L.name)
-        fn(L.grid, (L.block,), (self.vt, self.ctl))
+        self.fns[L.name](L.grid, (L.block,), (self.vt, self.ctl))
+
+    def input_changed(self, k):
+        self.dirty.add(k)
 
     def upload_inputs(self):
-        for k in self.p.consts + self.p.params + self.p.data:
+        for k in sorted(self.dirty):
             if ("v", k) in self.dev:
-                self.dev[("v", k)].set(np.ascontiguousarray(self.p.val[k]).reshape(-1))
+                self.dev[("v", k)].set(np.ascontiguousarray(self.p.val[k]).reshape(-1), stream=self.stream)
+        self.dirty.clear()
+
+    def run(self, launches):
+        with self.stream:
+            self.upload_inputs()
+            for L in launches:
+                self.launch(L)
 
     def episode(self):
-        """Inputs up, then forward + backward + step; from the second episode on one CUDA graph launch."""
+        """Changed inputs and ``ctl`` up, then forward + backward + step: one CUDA graph launch."""
         o = self.p.opt
-        self.upload_inputs()
         if o is not None:
             o.count += 1
             self.write_ctl(o.conf.step_scalars(o.count))
-        if self.graph is None and o is not None and not self.plan()["gemm_calls"]:
-            stream = self.cupy.cuda.Stream(non_blocking=True)
-            with stream:
-                stream.begin_capture()
-                self.run(self.cp.forward + self.cp.backward + self.cp.step)
-                self.graph = stream.end_capture()
-            self.stream = stream
+        work = self.cp.forward + self.cp.backward + self.cp.step
+        if self.graph is None and not any(L.kind == "gemm" for L in work):
+            with self.stream:
+                self.upload_inputs()
+                self.stream.begin_capture()
+                for L in work:
+                    self.launch(L)
+                self.graph = self.stream.end_capture()
         if self.graph is not None:
+            with self.stream:
+                self.upload_inputs()
             self.graph.launch(self.stream)
-            self.stream.synchronize()
         else:
-            self.run(self.cp.forward + self.cp.backward + self.cp.step)
-        self.download()
+            self.run(work)
+        self.stream.synchronize()
+
+    def loss_value(self):
+        return float(self.dev[("v", self.p.loss_id)][0].get(stream=self.stream))
 
     def download(self):
-        """Device values and gradients back into the program's host buffers (what ``value``/``grad`` read)."""
+        """Device parameters, values, gradients and moments into the program's host buffers."""
+        self.stream.synchronize()
         for key, d in self.dev.items():
             host = self.host_array(key)
-            if host is not None and key[0] in "vgMN":
+            if host is not None and host.dtype.kind == "f":
                 np.copyto(host.reshape(-1), self.cupy.asnumpy(d))
 
-    def forward(self):
-        self.upload_inputs()
-        super().forward()
+    def pull_count(self):
         self.download()
 
-    def backward(self):
-        super().backward()
-        self.download()
+    def push_count(self):
+        with self.stream:
+            for key, d in self.dev.items():
+                if key[0] in "MN":
+                    d.set(self.host_array(key).reshape(-1), stream=self.stream)
+        self.stream.synchronize()
 
-    def step(self):
-        super().step()
-        self.download()
-
-    def device_array(self, key):
-        """The CuPy array of a buffer key (``("v", k)``, ``("g", k)``) in the program's shape."""
-        kind, k = key
+    def device_array(self, k, kind="v"):
+        """Node k's device value (``kind="v"``) or gradient (``"g"``) as a CuPy array of its shape."""
+        key = (kind, k)
         if key not in self.dev:
-            raise TapeError(f"device_array: node {k} has no device {'value' if kind == 'v' else 'gradient'}")
+            return self.cupy.zeros(self.p.shapes[k], self.p.dtype)   # never written: zeros, as grad_buf
         return self.dev[key].reshape(self.p.shapes[k])
-
-
-__all__ = ["LaunchRunner", "CupyRunner"]

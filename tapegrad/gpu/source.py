@@ -37,6 +37,7 @@ from ..native.expr import RUNTIME_FUNCS, calls, dialect
 from ..native.kernels import axis3, bstrides, keep, strides
 
 THREADS = 256
+SETTAB = 64   # table entries one settab launch can redirect
 
 
 class Launch(NamedTuple):
@@ -76,6 +77,7 @@ class CudaProgram:
         self.buffers, self.index = [], {}
         self.kernels = []
         self.scratch_size = 1
+        self.settab = f"{self.prefix}settab"
         for k in prog.compute:
             op = prog.nodes[k][0]
             if not device_form(op):
@@ -406,7 +408,17 @@ class CudaProgram:
             "#define TG_PHASE(n) 1",
             "#define TG_BARRIER() __syncthreads()",
             "#endif",
-            ""] + self.kernels)
+            ""] + self.kernels + [
+            "#ifndef TG_HOST",
+            "/* settab: point table entries at other buffers (an XLA custom call's operands), before a graph replay;",
+            "   the addresses travel as a by-value kernel parameter, so nothing on the host outlives the launch */",
+            f"struct {self.prefix}tab {{ long long idx[{SETTAB}]; long long ptr[{SETTAB}]; int n; }};",
+            f'extern "C" __global__ void {self.settab}(long long *__restrict__ vt, const {self.prefix}tab tab)',
+            "{",
+            "    for (int j = threadIdx.x; j < tab.n; j += blockDim.x)",
+            "        vt[tab.idx[j]] = tab.ptr[j];",
+            "}",
+            "#endif", ""])
 
     def launches(self):
         """Kernel launches per episode (forward + backward + step; cuBLAS calls counted as one each)."""

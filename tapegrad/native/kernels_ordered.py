@@ -11,12 +11,17 @@ from .kernels import red_mask, spread_da, strides
 
 
 def dot(dst, A, B, m, n, kk, sa, sb):
-    """dst[i, j] = Σ_q A[i, q]·B[q, j] serially in q; ``sa``/``sb``: element strides (row, col) of A and B."""
-    return [f"for (long i = 0; i < {m}L; i++) for (long j = 0; j < {n}L; j++) {{",
-            f"    real acc = {R0};",
-            f"    for (long q = 0; q < {kk}L; q++) acc = acc + {A}[i * {sa[0]}L + q * {sa[1]}L] * "
-            f"{B}[q * {sb[0]}L + j * {sb[1]}L];",
-            f"    {dst}[i * {n}L + j] = acc; }}"]
+    """dst[i, j] = Σ_q A[i, q]·B[q, j] serially in q; ``sa``/``sb``: element strides (row, col) of A and B.
+
+    The loops run i, q, j: every element still adds its products in increasing q from 0 (the order is
+    per element), while the innermost loop over j vectorises."""
+    return [f"for (long i = 0; i < {m}L; i++) {{",
+            f"    real *restrict row = {dst} + i * {n}L;",
+            f"    for (long j = 0; j < {n}L; j++) row[j] = {R0};",
+            f"    for (long q = 0; q < {kk}L; q++) {{",
+            f"        const real x = {A}[i * {sa[0]}L + q * {sa[1]}L];",
+            f"        for (long j = 0; j < {n}L; j++) row[j] = row[j] + x * {B}[q * {sb[0]}L + j * {sb[1]}L];",
+            "    } }"]
 
 
 R0 = "R(0.0)"

@@ -93,3 +93,11 @@ def test_ordered_mlp_tape_numpy_native_bit_for_bit(opt_kind, loss):
     # and ordered mode really differs from the default (BLAS/pairwise) somewhere over three steps
     ld, pd = run_eager(data, opt_kind, loss, ordered_mode=False)
     assert np.allclose(ld, le, rtol=1e-12) and any((x != y).any() for x, y in zip(pd, pe))
+
+
+def test_readme_ordered_example_runs():
+    import pathlib
+    import re
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"## Ordered mode, and the GPU backend\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    exec(compile(code, "README.md", "exec"), {})

@@ -1,8 +1,8 @@
 """A captured program's training episode as a CUDA custom call, and one jitted step for either platform.
 
 ``program_episode_gpu(program)`` has ``interop.program_episode``'s signature, ``step(params, opt_state,
-count, inputs) -> (loss, params, opt_state, count)`` (state aliased to outputs), and lowers on the CUDA
-platform to ``stablehlo.custom_call @tg_gpu_episode`` with attributes
+inputs) -> (loss, params, opt_state)`` with optax-shaped state aliased to the outputs (and ``.positional``
+on flat tuples), and lowers on the CUDA platform to ``stablehlo.custom_call @tg_gpu_episode`` with attributes
 
 - ``graph``: the ``cudaGraphExec_t`` of the program's episode (forward + backward + optimizer), captured
   once by CuPy (``capture(..., backend="cupy")``, ordered mode: no cuBLAS inside the graph);
@@ -25,7 +25,7 @@ JAX preallocates 75% of GPU memory, which starves CuPy's pool: run with
 import numpy as np
 
 from ._jax import jax, jnp
-from .program import ProgramError, _Sig, program_episode
+from .program import ProgramError, _named, _positional, _Sig, program_episode
 
 TARGET = "tg_gpu_episode"
 
@@ -71,7 +71,7 @@ def program_episode_gpu(program, *, handles=None):
     np_, ns = len(sig.params), len(sig.state)
     aliases = {k: k + 1 for k in range(np_ + ns + 1)}
 
-    def step(params, opt_state, count, inputs):
+    def positional(params, opt_state, count, inputs):
         params = tuple(jnp.asarray(x) for x in params)
         opt_state = tuple(jnp.asarray(x) for x in opt_state)
         inputs = tuple(jnp.asarray(x) for x in inputs)
@@ -87,7 +87,12 @@ def program_episode_gpu(program, *, handles=None):
             slots=table_slots, loss_slot=np.int64(loss_slot))
         return out[0], tuple(out[1:1 + np_]), tuple(out[1 + np_:1 + np_ + ns]), out[-1]
 
-    step.program = program
+    def step(params, opt_state, inputs):
+        p, st, count = _positional(program, "program_episode_gpu", params, opt_state)
+        loss, p, st, count = positional(p, st, count, inputs)
+        return (loss,) + _named(program, p, st, count)
+
+    step.program, step.positional = program, positional
     return step
 
 
@@ -97,8 +102,7 @@ def platform_episode(cpu_program, gpu_program=None, *, handles=None):
     cpu = program_episode(cpu_program)
     gpu = program_episode_gpu(gpu_program if gpu_program is not None else cpu_program, handles=handles)
 
-    def step(params, opt_state, count, inputs):
-        args = (tuple(params), tuple(opt_state), count, tuple(inputs))
-        return jax.lax.platform_dependent(*args, cpu=lambda *a: cpu(*a), cuda=lambda *a: gpu(*a))
+    def step(params, opt_state, inputs):
+        return jax.lax.platform_dependent(params, opt_state, tuple(inputs), cpu=cpu, cuda=gpu)
 
     return step

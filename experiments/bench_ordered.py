@@ -42,6 +42,7 @@ def step(batch, sizes, backend, ordered):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--backends", default="tape,numpy,native", help="comma-separated subset")
     args = ap.parse_args()
     sizes = ["tiny", "small"] if args.quick else list(SIZES)
     reps = 3 if args.quick else 7
@@ -51,7 +52,7 @@ def main():
     for name in sizes:
         batch, sz = SIZES[name]
         inner = {"tiny": 50, "small": 20, "medium": 2}[name]
-        for backend in ("tape", "numpy", "native"):
+        for backend in args.backends.split(","):
             t = side_by_side({"default": step(batch, sz, backend, False), "ordered": step(batch, sz, backend, True)},
                              reps, inner)
             print(f"| {name} | {backend} | {t['default']:,.0f} | {t['ordered']:,.0f} | "

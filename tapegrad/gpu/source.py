@@ -107,8 +107,7 @@ class CudaProgram:
         name = f"{self.prefix}{tag}"
         text = "\n".join(line for ph in phases for line in ph)
         used = sorted(set(re.findall(r"\b([vgSMN]\d+)\b", text)), key=lambda n: ("vgSMN".index(n[0]), int(n[1:])))
-        keys = {"v": "v", "g": "g", "S": "S", "M": "M", "N": "N"}
-        decl = [f"    {self.ctype(n)} *__restrict__ {n} = ({self.ctype(n)} *)vt[{self.buf((keys[n[0]], int(n[1:])))}];"
+        decl = [f"    {self.ctype(n)} *__restrict__ {n} = ({self.ctype(n)} *)vt[{self.buf((n[0], int(n[1:])))}];"
                 for n in used]
         body = [f'extern "C" __global__ void {name}(const long long *__restrict__ vt, const double *__restrict__ ctl)',
                 "{"] + decl + ["    (void)vt;", "    (void)ctl;"] + ["    " + h for h in head]

@@ -77,6 +77,7 @@ class CudaProgram:
         self.buffers, self.index = [], {}
         self.kernels = []
         self.scratch_size = 1
+        self.pairwise = False   # set when a kernel calls tg_pw (then its definition is emitted)
         self.settab = f"{self.prefix}settab"
         for k in prog.compute:
             op = prog.nodes[k][0]
@@ -239,9 +240,19 @@ class CudaProgram:
         return self.flat(tag, m * n, [f"const long r = i / {n}L, c = i % {n}L;"]
                          + self.dot_lines(dst, A, B, "r", "c", kk, sa, sb, first))
 
-    def reduce(self, tag, x, out, shape, axes, scale=None, first=True):
-        """out[o] (+)= Σ x over ``axes`` (serial, row-major over the reduced index), then / ``scale``."""
+    def reduce(self, tag, x, out, shape, axes, scale=None, first=True, numpy_order=False):
+        """out[o] (+)= Σ x over ``axes``, then / ``scale``: serial, row-major over the reduced index —
+        except, with ``numpy_order``, a trailing block of reduced axes, which NumPy sums pairwise
+        (``tg_pw``, its blocks of 8 and 128; a sum over leading axes is serial in NumPy too)."""
         red = [1 if d in axes else 0 for d in range(len(shape))]
+        t = len(shape) - sum(red)
+        if numpy_order and all(red[t:]) and not any(red[:t]) and math.prod(shape[t:]) > 1:
+            self.pairwise = True
+            nred = math.prod(shape[t:])
+            lines = [f"real acc = {self.add(self.d.lit(0.0), f'tg_pw({x} + i * {nred}L, {nred}L)')};"]
+            if scale is not None:
+                lines.append(f"acc = {self.div('acc', self.d.lit(float(scale)))};")
+            return self.flat(tag, math.prod(shape[:t]), lines + [self.put(f"{out}[i]", "acc", first)])
         st = strides(shape)
         kept = [(m, t) for m, t, r in zip(shape, st, red) if not r]
         rd = [(m, t) for m, t, r in zip(shape, st, red) if r]
@@ -348,7 +359,7 @@ class CudaProgram:
         shape = self.p.shapes[j]
         lead = len(cshape) - len(shape)
         axes = [d for d in range(len(cshape)) if d < lead or (shape[d - lead] == 1 and cshape[d] != 1)]
-        return self.reduce(tag, src, f"g{j}", cshape, axes, first=first)
+        return self.reduce(tag, src, f"g{j}", cshape, axes, first=first, numpy_order=True)
 
     # ── the optimizer ────────────────────────────────────────────────────────
 
@@ -407,7 +418,7 @@ class CudaProgram:
             "#define TG_PHASE(n) 1",
             "#define TG_BARRIER() __syncthreads()",
             "#endif",
-            ""] + self.kernels + [
+            ""] + (self._pairwise() if self.pairwise else []) + self.kernels + [
             "#ifndef TG_HOST",
             "/* settab: point table entries at other buffers (an XLA custom call's operands), before a graph replay;",
             "   the addresses travel as a by-value kernel parameter, so nothing on the host outlives the launch */",
@@ -418,6 +429,21 @@ class CudaProgram:
             "        vt[tab.idx[j]] = tab.ptr[j];",
             "}",
             "#endif", ""])
+
+    def _pairwise(self):
+        """NumPy's pairwise summation of a contiguous block (``DOUBLE_pairwise_sum``), one thread."""
+        add, z = self.add, self.d.lit(0.0)
+        return ["__device__ static real tg_pw(const real *a, long n)", "{",
+                "    if (n < 8) {", f"        real res = {z};",
+                f"        for (long i = 0; i < n; i++) res = {add('res', 'a[i]')};", "        return res;", "    }",
+                "    if (n <= 128) {", "        real r[8];", "        long i;",
+                "        for (int j = 0; j < 8; j++) r[j] = a[j];",
+                "        for (i = 8; i < n - (n % 8); i += 8)",
+                f"            for (int j = 0; j < 8; j++) r[j] = {add('r[j]', 'a[i + j]')};",
+                f"        real res = {add(add(add('r[0]', 'r[1]'), add('r[2]', 'r[3]')), add(add('r[4]', 'r[5]'), add('r[6]', 'r[7]')))};",
+                f"        for (; i < n; i++) res = {add('res', 'a[i]')};", "        return res;", "    }",
+                "    long n2 = n / 2;", "    n2 -= n2 % 8;",
+                f"    return {add('tg_pw(a, n2)', 'tg_pw(a + n2, n - n2)')};", "}", ""]
 
     def launches(self):
         """Kernel launches per episode (forward + backward + step; cuBLAS calls counted as one each)."""
@@ -457,7 +483,8 @@ def _reduce_fwd(g, k, op, a, b, s):
     sh = g.p.shapes[a]
     axes = range(len(sh)) if s[0] is None else s[0]
     scale = O.count(sh, s) if op.name.startswith("mean") else None
-    return [g.reduce(f"f{k}", f"v{a}", f"v{k}", sh, tuple(axes), scale)]
+    return [g.reduce(f"f{k}", f"v{a}", f"v{k}", sh, tuple(axes), scale, numpy_order=op is not ordered.sum_
+                     and op is not ordered.mean)]
 
 
 def _spread_da(g, k, side, first):

@@ -321,3 +321,17 @@ def test_cnn_with_integer_labels():
         logp = jax.nn.log_softmax(h.reshape(5, 100) @ w2 + b2, axis=1)
         return -jnp.mean(jnp.take_along_axis(logp, data[1], axis=1))
     check_model(on_tape, in_jax, params, (x, labels))
+
+
+def test_programs_with_data_slots_refuse_jax_calls_by_name():
+    tape = tg.Tape()
+    E = tape.param(np.ones((4, 2)))
+    ids = tape.const(np.array([0, 3]))
+    prog = tg.capture(tape, tg.take(E, ids).sum())
+    opt = tg.SGD(0.1)
+    opt.add(tape, E)
+    prog.attach(opt)
+    for make in (interop.program_call, interop.program_episode):
+        with pytest.raises(interop.ProgramError, match=r"has integer/bool data slots \(nodes \[1\]: indices or "
+                                                      r"masks\), which calls from JAX cannot pass yet"):
+            make(prog)

@@ -144,14 +144,14 @@ def eager_trainer(params, cfg):
     return step
 
 
-def program_trainer(params, cfg, first, backend):
+def program_trainer(params, cfg, first, backend, fuse=True):
     tape = tg.Tape()
     P = [tape.param(p) for p in params]
     opt = tg.Adam(cfg["lr"])
     for p in P:
         opt.add(tape, p)
     x, y = tape.const(first[0]), tape.const(first[1])
-    prog = tg.capture(tape, tape_loss(tape, P, x, y, cfg), backend=backend)
+    prog = tg.capture(tape, tape_loss(tape, P, x, y, cfg), backend=backend, fuse=fuse)
     prog.attach(opt)
 
     def step(xb, yb):
@@ -160,7 +160,9 @@ def program_trainer(params, cfg, first, backend):
     return step, prog
 
 
-def jax_trainer(params, cfg):
+def jax_trainer(params, cfg, fetch=True):
+    """``step(x, y)`` -> (loss, gradients as NumPy arrays); with ``fetch=False`` the loss alone (for
+    timing the step without the copies out)."""
     import optax
     from interop import jax, jnp
     tx = optax.adam(cfg["lr"])
@@ -177,7 +179,7 @@ def jax_trainer(params, cfg):
     def step(x, y):
         with jax.enable_x64(True):
             state["p"], state["s"], loss, g = update(state["p"], state["s"], x, y)
-            return float(loss), [np.asarray(a) for a in g]
+            return (float(loss), [np.asarray(a) for a in g]) if fetch else float(loss)
     return step
 
 

@@ -10,8 +10,8 @@ array([6.])
 from . import emit, ops
 from .capture import Program, capture
 from .checkpoint import load, save
-from .errors import (ArgumentError, BuildError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError,
-                     ShapeError, TapeError)
+from .errors import (ArgumentError, BuildError, DomainError, DTypeError, ForeignVarError, LazyValueError,
+                     NonFiniteError, ShapeError, TapeError)
 from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log_softmax, matmul, max,
                          maximum, mean, mse, mul, neg, power, relu, reshape, sigmoid, softmax,
                          softmax_cross_entropy, sqrt, square, sub, sum, tanh, transpose)
@@ -24,7 +24,9 @@ from .functional import cummax, cumprod, cumsum, logsumexp, min, prod, sort, std
 from .functional import (dynamic_slice, dynamic_update_slice, flip, index_add, index_set, split, stack,
                          take, take_along_axis, where)
 # convolution and pooling
+from .functional import avg_pool, conv, max_pool, sum_pool
 # linear algebra
+from .functional import cholesky, logdet, slogdet, solve, triangular_solve
 from .gradcheck import gradcheck
 from .optim import SGD, Adam
 from .tape import NonFinite, Tape, Var

@@ -28,6 +28,10 @@ class NonFiniteError(TapeError, FloatingPointError):
     """A non-finite value or gradient where ``check_finite=True`` forbids one."""
 
 
+class DomainError(TapeError, ValueError):
+    """An input value outside the op's domain (a matrix that is not positive definite, a singular one)."""
+
+
 class BuildError(TapeError, RuntimeError):
     """Native code could not be built (no compiler, or the compiler failed)."""
 

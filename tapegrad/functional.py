@@ -691,6 +691,311 @@ Var.flip = flip
 # ── convolution and pooling (ops_conv) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
+_CONV_LAYOUTS = {"NCHW": "NCHW", "NHWC": "NHWC", "NCW": "NCHW", "NWC": "NHWC", "NCDHW": "NCHW", "NDHWC": "NHWC"}
+
+
+def _per_dim(opname, tape, name, v, n, what="spatial dimension"):
+    """An int (the same in every dim) or a sequence of n ints, as a tuple."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        return (int(v),) * n
+    try:
+        out = tuple(int(x) for x in v)
+    except (TypeError, ValueError):
+        raise ShapeError(f"{at(opname, len(tape))}: {name} must be an int or {n} ints, got {v!r}") from None
+    if len(out) != n:
+        raise ShapeError(f"{at(opname, len(tape))}: {name} must be an int or {n} ints (one per {what}), "
+                         f"got {v!r}")
+    return out
+
+
+def _resolve_padding(opname, tape, padding, sizes, window, strides):
+    """(lo, hi) pairs; "VALID"/"SAME"/"SAME_LOWER" resolved as ``jax.lax.padtype_to_pads`` does."""
+    if isinstance(padding, str):
+        kind = padding.upper()
+        if kind == "VALID":
+            return ((0, 0),) * len(sizes)
+        if kind in ("SAME", "SAME_LOWER"):
+            pads = []
+            for n, k, s in zip(sizes, window, strides):
+                total = builtins.max(0, (-(-n // s) - 1) * s + k - n)
+                small, big = total // 2, total - total // 2
+                pads.append((small, big) if kind == "SAME" else (big, small))
+            return tuple(pads)
+        raise ShapeError(f"{at(opname, len(tape))}: padding must be 'VALID', 'SAME', 'SAME_LOWER' or (lo, hi) "
+                         f"pairs, got {padding!r}")
+    try:
+        pads = tuple((int(lo), int(hi)) for lo, hi in padding)
+    except (TypeError, ValueError):
+        raise ShapeError(f"{at(opname, len(tape))}: padding must be 'VALID', 'SAME', 'SAME_LOWER' or one "
+                         f"(lo, hi) pair per dimension, got {padding!r}") from None
+    return pads
+
+
+def conv(x, w, stride=1, padding="VALID", lhs_dilation=1, rhs_dilation=1, groups=1, layout="NCHW"):
+    """N-D convolution (1-D, 2-D, 3-D, ...): ``jax.lax.conv_general_dilated`` on the tape.
+
+    Layout "NCHW": ``x`` is (N, C, *spatial) and the kernel ``w`` is (O, C/groups, *k) (OIHW);
+    layout "NHWC": ``x`` is (N, *spatial, C) and ``w`` is (*k, C/groups, O) (HWIO). The output has the
+    input's layout. ("NCW"/"NCDHW" and "NWC"/"NDHWC" name the same two layouts in 1-D/3-D.)
+    The arguments map one to one onto ``lax.conv_general_dilated(lhs=x, rhs=w, window_strides=stride,
+    padding=padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+    dimension_numbers=(layout, "OIHW" or "HWIO", layout), feature_group_count=groups)``; an int stands
+    for the same value in every spatial dim. ``padding`` is "VALID", "SAME", "SAME_LOWER" (resolved to
+    (lo, hi) pairs over the rhs-dilated kernel exactly as ``lax.padtype_to_pads`` does; like lax, not
+    with lhs_dilation > 1) or one (lo, hi) pair of non-negative ints per spatial dim.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.const(np.arange(16.0).reshape(1, 1, 4, 4))
+    >>> w = tape.param(np.ones((2, 1, 3, 3)))
+    >>> y = tg.conv(x, w, padding="SAME")
+    >>> y.shape
+    (1, 2, 4, 4)
+    >>> tape.value(y)[0, 0, 0]
+    array([10., 18., 24., 18.])
+    """
+    tape = _tape(x, w)
+    if builtins.any(isinstance(v, Var) and v.id < 0 for v in (x, w)):
+        return x if isinstance(x, Var) and x.id < 0 else w
+    xs, ws_ = (v.shape if isinstance(v, Var) else np.shape(v) for v in (x, w))
+    try:
+        if layout not in _CONV_LAYOUTS or (len(layout) != len(xs) and layout not in ("NCHW", "NHWC")):
+            raise ShapeError(f"{at('conv', len(tape))}: layout must be 'NCHW' or 'NHWC' (or 'NCW'/'NWC', "
+                             f"'NCDHW'/'NDHWC' matching the input's rank {len(xs)}), got {layout!r}")
+        if len(xs) < 3:
+            raise ShapeError(f"{at('conv', len(tape))}: expected an input of rank >= 3 (batch, channels, "
+                             f"spatial...), got shape {xs}")
+        lay, nsp = _CONV_LAYOUTS[layout], len(xs) - 2
+        st = _per_dim("conv", tape, "stride", stride, nsp)
+        ld = _per_dim("conv", tape, "lhs_dilation", lhs_dilation, nsp)
+        rd = _per_dim("conv", tape, "rhs_dilation", rhs_dilation, nsp)
+        if isinstance(padding, str) and builtins.any(d != 1 for d in ld):
+            raise ShapeError(f"{at('conv', len(tape))}: string padding {padding!r} is not defined with "
+                             f"lhs_dilation {ld} (as in lax); give (lo, hi) pairs")
+        sizes = xs[1:-1] if lay == "NHWC" else xs[2:]
+        k = (ws_[:-2] if lay == "NHWC" else ws_[2:]) if len(ws_) == len(xs) else (1,) * nsp
+        pads = _resolve_padding("conv", tape, padding, sizes, [(n - 1) * r + 1 for n, r in zip(k, rd)], st)
+        groups = int(groups) if isinstance(groups, (int, np.integer)) else groups
+        s = (lay, st, pads, ld, rd, groups)
+        O.ops_conv.geometry(tuple(xs), tuple(ws_), s)   # before lifting arrays: a failure leaves the tape as it was
+    except Bad as e:
+        return tape._fail(ShapeError(f"{at('conv', len(tape))}: {e}"))
+    except ShapeError as e:
+        return tape._fail(e)
+    return tape.apply(O.OPS["conv"], _var(x, tape), _var(w, tape), s)
+
+
+def _pool_args(opname, x, window, strides, padding, layout):
+    """The full-rank (window, strides, padding) of a pooling node."""
+    tape = x.tape
+    nd = x.ndim
+    if layout is not None:
+        if layout not in _CONV_LAYOUTS:
+            raise ShapeError(f"{at(opname, len(tape))}: layout must be 'NCHW' or 'NHWC', got {layout!r}")
+        if nd < 3:
+            raise ShapeError(f"{at(opname, len(tape))}: a layout needs an input of rank >= 3, got shape {x.shape}")
+        last = _CONV_LAYOUTS[layout] == "NHWC"
+
+        def full(name, v):
+            sp = _per_dim(opname, tape, name, v, nd - 2)
+            return (1,) + sp + (1,) if last else (1, 1) + sp
+    else:
+        def full(name, v):
+            return _per_dim(opname, tape, name, v, nd, "axis")
+    win = full("window", window)
+    st = win if strides is None else full("strides", strides)
+    if isinstance(padding, str) or layout is None:
+        pads = _resolve_padding(opname, tape, padding, x.shape, win, st)
+    else:
+        pads = tuple((int(lo), int(hi)) for lo, hi in padding)
+        pads = ((0, 0),) + pads + ((0, 0),) if last else ((0, 0), (0, 0)) + pads
+    return win, st, pads
+
+
+def _pool(op):
+    def f(x, window, strides=None, padding="VALID", layout=None):
+        if x.id < 0:
+            return x
+        try:
+            s = _pool_args(op.name, x, window, strides, padding, layout)
+        except ShapeError as e:
+            return x.tape._fail(e)
+        return x.tape.apply(op, x, None, s)
+    f.__name__ = op.name
+    return f
+
+
+max_pool = _pool(O.OPS["max_pool"])
+max_pool.__doc__ = """Max pooling: ``jax.lax.reduce_window(x, -inf, lax.max, window, strides, padding)``.
+
+    ``window`` (and ``strides``, ``padding`` pairs) give one entry per axis of ``x``, as in
+    ``reduce_window``; with ``layout`` ("NCHW" or "NHWC") they give one per spatial axis and the batch
+    and channel windows are 1 (flax's ``max_pool`` is ``layout="NHWC"``). ``strides`` defaults to the
+    window (non-overlapping windows); ``padding`` is "VALID", "SAME", "SAME_LOWER" (resolved as
+    ``lax.padtype_to_pads``) or (lo, hi) pairs; padding holds −inf. The gradient of each window goes to
+    its FIRST maximum, scanning the window in row-major order (what ``jax.grad`` of ``reduce_window``
+    max does, through ``select_and_scatter_add``); NaN windows send none.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([[[[1.0, 3.0], [3.0, 2.0]]]]))
+    >>> y = tg.max_pool(x, 2, layout="NCHW")
+    >>> tape.backward(y.sum()); tape.grad(x)[0, 0]
+    True
+    array([[0., 1.],
+           [0., 0.]])
+    """
+
+sum_pool = _pool(O.OPS["sum_pool"])
+sum_pool.__doc__ = """Sum pooling: ``jax.lax.reduce_window(x, 0, lax.add, window, strides, padding)``.
+
+    Arguments as ``max_pool``; padding holds 0. The window positions are added in row-major order.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> tape.value(tg.sum_pool(tape.const(np.arange(6.0).reshape(1, 6, 1)), 3, layout="NHWC")).ravel()
+    array([ 3., 12.])
+    """
+
+
+def avg_pool(x, window, strides=None, padding="VALID", layout=None):
+    """Average pooling: ``sum_pool`` divided by the window size (a composite of ``sum_pool`` and ``divs``).
+
+    Padding counts as zeros in the average (``count_include_pad=True``, flax's ``avg_pool`` default);
+    stax's ``AvgPool`` instead divides by the number of real elements, which differs only where a
+    window overlaps the padding.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> tape.value(tg.avg_pool(tape.const(np.arange(6.0).reshape(1, 6, 1)), 3, layout="NHWC")).ravel()
+    array([1., 4.])
+    """
+    if x.id < 0:
+        return x
+    try:
+        s = _pool_args("sum_pool", x, window, strides, padding, layout)
+    except ShapeError as e:
+        return x.tape._fail(e)
+    y = x.tape.apply(O.OPS["sum_pool"], x, None, s)
+    return y if y.id < 0 else y.tape.apply(O.divs, y, None, float(math.prod(s[0])))
+
 
 # ── linear algebra (ops_linalg) ─────────────────────────────────────────────
-# (functions and Var methods of this family go here)
+
+def cholesky(a):
+    """The lower Cholesky factor L of a symmetric positive definite matrix: L·Lᵀ = (a + aᵀ)/2.
+
+    ``a`` is (…, n, n); leading axes are a batch. The input is symmetrised first, as
+    ``jax.numpy.linalg.cholesky`` does, so the gradient is symmetric and matches ``jax.grad``'s. LAPACK
+    ``potrf``; a matrix that is not positive definite raises ``tapegrad.DomainError`` (tape unchanged).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[4.0, 2.0], [2.0, 5.0]]))
+    >>> tape.value(tg.cholesky(a))
+    array([[2., 0.],
+           [1., 2.]])
+    """
+    tape = _tape(a)
+    return tape.apply(O.OPS["cholesky"], _var(a, tape))
+
+
+def triangular_solve(a, b, left_side=True, lower=True, transpose_a=False, unit_diagonal=False):
+    """x with op(a)·x = b (``left_side``) or x·op(a) = b, a triangular; op(a) = aᵀ when ``transpose_a``.
+
+    The flags are ``jax.lax.linalg.triangular_solve``'s, with the same meaning; the defaults differ
+    (here the left-side lower solve, as ``scipy.linalg.solve_triangular(lower=True)``). Only the
+    ``lower`` (else upper) triangle of ``a`` is read, and not its diagonal when ``unit_diagonal``; the
+    gradient of ``a`` is zero elsewhere. ``a`` is (…, k, k), ``b`` (…, k, n) on the left or (…, m, k)
+    on the right, with equal batch axes. BLAS ``trsm``; a zero on the diagonal gives inf/NaN, as in
+    BLAS and JAX.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[2.0, 0.0], [1.0, 4.0]]))
+    >>> tape.value(tg.triangular_solve(a, np.array([[2.0], [9.0]])))
+    array([[1.],
+           [2.]])
+    >>> tape.value(tg.triangular_solve(a, np.array([[4.0, 8.0]]), left_side=False))
+    array([[1., 2.]])
+    """
+    tape = _tape(a, b)
+    s = (bool(left_side), bool(lower), bool(transpose_a), bool(unit_diagonal))
+    return tape.apply(O.OPS["triangular_solve"], _var(a, tape), _var(b, tape), s)
+
+
+def solve(a, b):
+    """x with a·x = b for a square ``a`` (…, n, n): LU with partial pivoting (LAPACK ``getrf`` + ``getrs``).
+
+    ``b`` is (…, n, k) with a's batch axes, or a vector (n,) when ``a`` is one matrix (NumPy 2's rule).
+    An exactly singular ``a`` raises ``tapegrad.DomainError`` (tape unchanged).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[1.0, 2.0], [3.0, 4.0]]))
+    >>> x = tg.solve(a, np.array([5.0, 6.0]))
+    >>> tape.value(x)
+    array([-4. ,  4.5])
+    >>> tape.backward(x.sum()); tape.grad(a)           # −a⁻ᵀ·1·xᵀ
+    True
+    array([[-2.  ,  2.25],
+           [ 2.  , -2.25]])
+    """
+    tape = _tape(a, b)
+    a, b = _var(a, tape), _var(b, tape)
+    if a.id < 0 or b.id < 0:
+        return a if a.id < 0 else b
+    if b.ndim == 1 and a.ndim == 2:
+        x = tape.apply(O.OPS["solve"], a, reshape(b, b.shape[0], 1))
+        return x if x.id < 0 else reshape(x, b.shape[0])
+    return tape.apply(O.OPS["solve"], a, b)
+
+
+def logdet(a):
+    """log det of a symmetric positive definite matrix, 2·Σ log diag L with L = cholesky(a).
+
+    ``a`` is (…, n, n) (read as (a + aᵀ)/2, like ``cholesky``); the result has the batch shape. The
+    gradient is g·a⁻¹ (LAPACK ``potri``). A matrix that is not positive definite raises
+    ``tapegrad.DomainError``; ``slogdet`` takes general matrices (LU).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> m = np.array([[2.0, 1.0], [1.0, 2.0]])
+    >>> a = tape.param(m)
+    >>> d = tg.logdet(a)
+    >>> float(tape.value(d)), float(np.log(3.0))
+    (1.0986122886681096, 1.0986122886681098)
+    >>> tape.backward(d); np.allclose(tape.grad(a), np.linalg.inv(m), rtol=1e-15)
+    True
+    True
+    """
+    tape = _tape(a)
+    return tape.apply(O.OPS["logdet"], _var(a, tape))
+
+
+def slogdet(a):
+    """(sign, log|det a|) of a general square matrix, as ``numpy.linalg.slogdet``: two Vars.
+
+    Both come from the LU factors (LAPACK ``getrf``): the sign is Π sign(Uᵢᵢ) times −1 per row
+    interchange (it has no gradient), the log Σ log|Uᵢᵢ|, whose gradient is g·a⁻ᵀ. An exactly singular
+    matrix gives sign 0 and log −inf (and no finite gradient), as NumPy. For a symmetric positive
+    definite matrix ``logdet`` (Cholesky, half the work) is the faster way to the same number.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> a = tape.param(np.array([[0.0, 2.0], [4.0, 1.0]]))
+    >>> sign, ld = tg.slogdet(a)
+    >>> float(tape.value(sign)), float(tape.value(ld)) == float(np.log(8.0))
+    (-1.0, True)
+    >>> tape.backward(ld); tape.grad(a)          # a⁻ᵀ
+    True
+    array([[-0.125,  0.5  ],
+           [ 0.25 ,  0.   ]])
+    """
+    tape = _tape(a)
+    a = _var(a, tape)
+    return tape.apply(O.OPS["det_sign"], a), tape.apply(O.OPS["logabsdet"], a)
+
+
+for _f in (cholesky, logdet):
+    setattr(Var, _f.__name__, _f)

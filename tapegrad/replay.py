@@ -12,6 +12,8 @@ import math
 import numpy as np
 
 from ._arena import aligned_empty
+from .errors import DomainError, at
+from .ops import Bad
 from .optim import adam_update, clip_scale, clips, l2_grad, sgd_update, sq_norm
 from .tape import unbroadcast
 
@@ -95,10 +97,13 @@ class NumpyRunner:
         for k in p.compute:
             op, a, b, s = p.nodes[k]
             ws.begin(k)
-            if op.arity == 3:
-                op.fwd(val[a], val[b], s, val[k], ws, val[p.third[k]])
-            else:
-                op.fwd(val[a], None if b < 0 else val[b], s, val[k], ws)
+            try:
+                if op.arity == 3:
+                    op.fwd(val[a], val[b], s, val[k], ws, val[p.third[k]])
+                else:
+                    op.fwd(val[a], None if b < 0 else val[b], s, val[k], ws)
+            except Bad as e:   # a value the op cannot take (see Tape.apply)
+                raise DomainError(f"{at(op.name, k)}: {e}") from None
         ws.pack()
 
     def backward(self):

@@ -9,8 +9,8 @@ import numpy as np
 
 from . import ops as O
 from ._arena import Arena, ParamStore, aligned_copy, aligned_empty, readonly
-from .errors import (ArgumentError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError, ShapeError, TapeError,
-                     at)
+from .errors import (ArgumentError, DomainError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError,
+                     ShapeError, TapeError, at)
 
 _PKG = os.path.dirname(os.path.abspath(__file__))
 _UNBROADCAST = {}  # (contribution shape, input shape) -> (axes to sum, reduced shape)
@@ -270,7 +270,12 @@ class Tape:
         out = arena.take(shape, memo[1])
         vals = self._val
         tmp = self._tmp
-        op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, tmp)
+        try:
+            op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, tmp)
+        except O.Bad as e:   # a value the op cannot take (a matrix that is not positive definite)
+            arena.rewind(pos)
+            tmp.rewind()
+            return self._fail(DomainError(f"{at(op.name, len(nodes))}: {e}"))
         if tmp.si or tmp.off:
             tmp.rewind()
         if self.check_finite and not np.isfinite(out).all():

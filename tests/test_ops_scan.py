@@ -390,3 +390,16 @@ def test_random_shapes_replay_natively_bit_for_bit():
     for v, y in outs:
         assert np.array_equal(prog.value(y), tape.value(y))
         assert np.array_equal(prog.grad(v), tape.grad(v))
+
+
+def test_float32_sort_of_a_line_beyond_2_to_the_24_is_refused_by_name():
+    """The native argsort keeps indices as reals: a float32 program refuses lines it could not index
+    exactly (checked on the printer itself: such an array is 64 MiB)."""
+    from tapegrad.native import expr, kernels
+    n = kernels.Node(None, "sort", 3, 2, -1, 0, "v2", None, "v3", "g3", (2 ** 24 + 1,), None, (2 ** 24 + 1,),
+                     None, 2, None, False, expr.C32)
+    with pytest.raises(tg.TapeError, match=r"^sort \(node 3\): a float32 program sorts lines of at most 2\*\*24 "
+                                           r"elements \(its argsort indices are floats\); got 16777217; capture in "
+                                           r"float64$"):
+        kernels.FORWARD["sort"](n)
+    assert kernels.FORWARD["sort"](n._replace(d=expr.C64))[0].startswith("tg_sort(0, v2, v2, v3,")

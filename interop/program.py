@@ -341,20 +341,13 @@ def _mode(program, native):
     return native
 
 
-def _no_data_slots(program, who):
-    """Integer and bool data slots (indices, masks) cannot be passed through the custom call yet: say so
-    rather than run every call on the values they had at capture."""
-    if program.data:
-        raise ProgramError(f"{who}: the program has integer/bool data slots (nodes {program.data}: indices or "
-                           f"masks), which calls from JAX cannot pass yet; drive it with program.episode(...), or "
-                           f"capture with float inputs (one-hot labels instead of integer ones)")
-
-
 def program_call(program: Program, *, native: Optional[bool] = None) -> Callable[..., Any]:
     """A jittable, differentiable JAX function ``(*params, *inputs) -> loss`` running ``program``.
 
-    ``params`` are the program's parameters and ``inputs`` its constants, each in registration
-    order, with the captured shapes and the program's dtype. Under ``jax.grad`` one custom call runs
+    ``params`` are the program's parameters and ``inputs`` its float constants, each in registration
+    order, with the captured shapes and the program's dtype. Integer and bool data slots (index
+    tables, masks) are not inputs: calls use the values they hold (captured, or last given with
+    ``set_input``). Under ``jax.grad`` one custom call runs
     forward + backward and returns the loss with the parameter gradients as residuals; the backward
     rule scales them by the loss cotangent. Constants have no gradient on the tape: differentiating
     with respect to an input raises. Under ``vmap`` every operand is broadcast to the batch and the
@@ -363,7 +356,6 @@ def program_call(program: Program, *, native: Optional[bool] = None) -> Callable
     ``native``: None (the FFI handler when the program is native and a compiler exists, else the
     zero-copy host callback), True or False to force one.
     """
-    _no_data_slots(program, "program_call")
     native = _mode(program, native)
     sig = _Sig(program)
     np_ = len(sig.params)
@@ -428,7 +420,6 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
     """
     if program.opt is None:
         raise ProgramError("program_episode: attach an optimizer first (program.attach(optimizer))")
-    _no_data_slots(program, "program_episode")
     native = _mode(program, native)
     sig = _Sig(program)
     np_, ns = len(sig.params), len(sig.state)

@@ -18,6 +18,8 @@ def test_transformer_three_ways():
     assert max(pairs[("eager tape", "native program")]) < 1e-12
     assert max(pairs[("eager tape", "jax.jit + optax")]) < 1e-12
     assert log["eager tape"]["loss"][-1] < log["eager tape"]["loss"][0]
+    ep = log["program_episode in jax.jit"]["loss"]    # the one-hot form: other sums, same model
+    assert max(abs(a - b) / abs(b) for a, b in zip(ep, log["eager tape"]["loss"])) < 1e-12
 
 
 def test_fusion_study_fused_equals_unfused_with_fewer_kernels():

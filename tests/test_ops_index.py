@@ -323,15 +323,17 @@ def test_cnn_with_integer_labels():
     check_model(on_tape, in_jax, params, (x, labels))
 
 
-def test_programs_with_data_slots_refuse_jax_calls_by_name():
+def test_data_slots_are_part_of_the_program_inside_jax_jit():
+    """A fixed mask or index table stays in the program; the call's inputs are its float constants."""
     tape = tg.Tape()
-    E = tape.param(np.ones((4, 2)))
-    ids = tape.const(np.array([0, 3]))
-    prog = tg.capture(tape, tg.take(E, ids).sum())
-    opt = tg.SGD(0.1)
-    opt.add(tape, E)
-    prog.attach(opt)
-    for make in (interop.program_call, interop.program_episode):
-        with pytest.raises(interop.ProgramError, match=r"has integer/bool data slots \(nodes \[1\]: indices or "
-                                                      r"masks\), which calls from JAX cannot pass yet"):
-            make(prog)
+    E = tape.param(np.arange(8.0).reshape(4, 2))
+    w = tape.const(np.ones(2))
+    loss = (tg.take(E, np.array([0, 3])) * w).sum()
+    prog = tg.capture(tape, loss, backend="native")
+    f = interop.program_call(prog)
+    with jax.enable_x64(True):
+        value, g = jax.jit(jax.value_and_grad(f))(jnp.asarray(prog.value(E)), jnp.ones(2))
+    assert float(value) == 0 + 1 + 6 + 7
+    assert np.asarray(g).tolist() == [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]
+    with pytest.raises(interop.ProgramError, match=r"expected 1 inputs arrays"):
+        f(jnp.asarray(prog.value(E)), jnp.ones(2), jnp.array([0, 3]))

@@ -60,3 +60,13 @@ def test_data_parallel_two_processes_two_devices_match_one_process():
     (nproc, ndev, diff, rate), = D.run([(2, 2)], D.QUICK, quiet=True)
     assert diff <= D.BOUND, diff      # the all-reduce sums per-shard means in another order: not ==
     assert rate > 0
+
+
+def test_bench_peers_measures_every_installed_system():
+    import bench_peers
+    rows, missing = bench_peers.run(("tiny",), quick=True, quiet=True)
+    t = rows["tiny"]
+    assert {"tapegrad eager", "tapegrad native", "tapegrad program_episode in jax.jit", "jax.jit + optax"} <= set(t)
+    assert all(v > 0 for v in t.values())
+    for name, system in (("PyTorch", "PyTorch eager"), ("HIPS autograd", "HIPS autograd")):
+        assert (name in missing) != (system in t)          # measured, or said to be missing

@@ -133,7 +133,7 @@ def test_bad_input_errors_name_the_op_and_node_and_leave_the_tape():
           "not (LAPACK potrf info 2); expected a symmetric positive definite matrix")
     fails(tape, lambda: tg.solve(singular, b21), tg.DomainError,
           "solve (node 8): the matrix is singular: U[1, 1] of its LU factorisation is exactly zero "
-          "(LAPACK getrf info 2)")
+          "(LAPACK gesv info 2)")
     fails(tape, lambda: tg.solve(sq, b21), tg.ShapeError,
           "solve (node 8): expected b of shape (…, 3, k) with a's batch dims () (a is (3, 3)), got (2, 1)")
     fails(tape, lambda: tg.triangular_solve(sq, b32, left_side=False), tg.ShapeError,

@@ -62,11 +62,13 @@ class Lapack:
 
     def ints(self, *xs):
         v = np.array(xs + (0,), self.int)   # the last slot is LAPACK's info
-        return v, [v.ctypes.data + k * self.int.itemsize for k in range(len(v))]
+        base, size = v.ctypes.data, self.int.itemsize
+        return v, [base + k * size for k in range(len(v))]
 
     def scalars(self, *xs):
         v = np.array(xs, self.dtype)
-        return v, [v.ctypes.data + k * self.dtype.itemsize for k in range(len(v))]
+        base, size = v.ctypes.data, self.dtype.itemsize
+        return v, [base + k * size for k in range(len(v))]
 
     def potrf(self, w):
         """Cholesky of the symmetric matrix whose row-major lower triangle is in ``w`` (n×n), in place:

@@ -25,6 +25,7 @@ BENCH_ENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 bench: $(STAMP)
 	$(BENCH_ENV) $(BIN)/python experiments/bench_eager.py
 	$(BENCH_ENV) $(BIN)/python experiments/bench_capture.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench_models.py
 	$(BENCH_ENV) $(BIN)/python experiments/bench_interop.py
 	$(BENCH_ENV) $(BIN)/python experiments/emit_logreg.py
 

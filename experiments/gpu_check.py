@@ -13,8 +13,9 @@ operand pattern plus six composites), it
 
    - a program of the registry's "exact" tier must give the tape's bits in the cuda dialect (``==``; only
      the sign of a zero may differ, as in the host oracle);
-   - a "libm" program calls the device's exp/log/tanh/pow. Four probe kernels evaluate those functions on
-     every argument the emitted code passes them; where every call returns NumPy's bits the emitted code
+   - a "libm" program calls the device's exp/log/tanh/pow (and the special functions' log1p, expm1, erf,
+     erfc, sin, cos, tan, atan2, asinh). One probe kernel per function evaluates it on
+     every argument the emitted code passes it; where every call returns NumPy's bits the emitted code
      must again be bit-exact, elsewhere the ulp distance is reported and ``device_close`` is asserted;
    - the C body shows what contraction does: the count of inputs whose result differs from the tape.
 
@@ -61,7 +62,8 @@ import test_emit as T  # noqa: E402  (the oracle's programs, sampler, tape recor
 EPS = np.finfo(np.float64).eps
 THREADS = 128
 PROBES = {"exp": ("exp(v[0])", 1), "log": ("log(v[0])", 1), "tanh": ("tanh(v[0])", 1),
-          "pow": ("pow(v[0], v[1])", 2)}
+          "pow": ("pow(v[0], v[1])", 2), "atan2": ("atan2(v[0], v[1])", 2),
+          **{f: (f"{f}(v[0])", 1) for f in ("log1p", "expm1", "erf", "erfc", "sin", "cos", "tan", "asinh")}}
 
 
 def device_close(d, c, t, scale):
@@ -113,7 +115,8 @@ def record_inputs(n, seed):
         p.V = np.array(probe_args[f], dtype=np.float64).reshape(-1, nv)
         p.P = np.zeros((len(p.V), 0))
         with np.errstate(all="ignore"):
-            p.want = (np.power(p.V[:, 0], p.V[:, 1]) if f == "pow" else getattr(np, f)(p.V[:, 0]))[:, None]
+            fn = np.power if f == "pow" else T.TAPE_FN.get(f, getattr(np, f, None))
+            p.want = fn(*(p.V[:, j] for j in range(nv)))[:, None]
         probes.append(p)
     return entries, probes
 
@@ -125,7 +128,11 @@ def libm_calls(tape, loss, probe_args):
         if node.op.tier != "libm":
             continue
         a = float(tape._val[node.a].reshape(-1)[0])
-        for f, *args in T.LIBM_CALLS[node.op.name](a, node.s):
+        if node.op.name in T.LIBM_CALLS2:
+            todo = T.LIBM_CALLS2[node.op.name](a, float(tape._val[node.b].reshape(-1)[0]), node.s)
+        else:
+            todo = T.LIBM_CALLS[node.op.name](a, node.s)
+        for f, *args in todo:
             out.append((f, len(probe_args[f])))
             probe_args[f].append(args)
     return out

@@ -16,11 +16,15 @@ from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log
                          maximum, mean, mse, mul, neg, power, relu, reshape, sigmoid, softmax,
                          softmax_cross_entropy, sqrt, square, sub, sum, tanh, transpose)
 # special functions
+from .functional import (asinh, atan2, cos, digamma, erf, erfc, expm1, lgamma, log1p, log_sigmoid, sin, softplus,
+                         tan)
 # scans and reductions
+from .functional import cummax, cumprod, cumsum, logsumexp, min, prod, sort, std, var
 # selection and indexing
 from .functional import (dynamic_slice, dynamic_update_slice, flip, index_add, index_set, split, stack,
                          take, take_along_axis, where)
 # convolution and pooling
+from .functional import avg_pool, conv, max_pool, sum_pool
 # linear algebra
 from .functional import cholesky, logdet, slogdet, solve, triangular_solve
 from .gradcheck import gradcheck

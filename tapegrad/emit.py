@@ -36,6 +36,13 @@ SCALAR_FORMS = {
     # xent_fwd: −Σ b·logsoftmax(a) / rows with rows = 1; xent_da, xent_db with g/1 and −g/1.
     "softmax_xent": ("(b * ((a - a) - log(exp(a - a)))) / -1.0", "(exp(a - a) / exp(a - a) * b - b) * (g / 1.0)",
                      "((a - a) - log(exp(a - a))) * (-g / 1.0)"),
+    # scans of one element copy it; cumprod's VJP is S_0 = g, prod's is (1 · 1) · g, sort's a permutation of one.
+    "cumsum": _PASS, "cumprod": _PASS, "sort": _PASS, "prod": ("a", "1.0 * 1.0 * g", None),
+    # cummax_da / max_da: hit = (a == out), count = hit, hit · (g / count); min is max's rule
+    "cummax": ("a", "(a == out ? 1.0 : 0.0) * (g / (a == out ? 1.0 : 0.0))", None),
+    "min": ("a", "(a == out ? 1.0 : 0.0) * (g / (a == out ? 1.0 : 0.0))", None),
+    # logsumexp_fwd with max = a (finite) and Σ over one term; its VJP g · exp(a − out)
+    "logsumexp": ("log(exp(a - a)) + a", "g * exp(a - out)", None),
 }
 
 
@@ -52,6 +59,20 @@ def forms(op):
     if op.kind == "elementwise":
         return (op.c_fwd, op.c_da, op.c_db) if op.c_fwd else None
     return SCALAR_FORMS.get(op.name)
+
+
+def runtime_helper(op):
+    """The first native-runtime helper (``tg_*``, e.g. ``tg_digamma``) an op's scalar C forms call, or None:
+    c_grad cannot emit such an op.
+
+    >>> runtime_helper(O.OPS["lgamma"]), runtime_helper(O.OPS["erf"])
+    ('tg_digamma', None)
+    """
+    for text in forms(op) or ():
+        m = text and re.search(r"\b(tg_\w+)\s*\(", text)
+        if m:
+            return m.group(1)
+    return None
 
 
 def literal(x, dialect="c"):
@@ -282,6 +303,11 @@ def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=Fa
         if op.arity and forms(op) is None:
             raise EmitError(f"{at(op.name, k)}: op {op.name} has no scalar C form (no c_fwd in the registry, "
                             f"nor in emit.SCALAR_FORMS); it cannot be emitted")
+        helper = runtime_helper(op)
+        if helper:
+            raise EmitError(f"{at(op.name, k)}: op {op.name}'s C form calls {helper}, a function of the native "
+                            f"runtime that c_grad does not emit (it emits libm calls only); capture the tape "
+                            f"with backend='native' instead")
     bind = _bindings(tape, live, params, leaves, dialect, bake)
     return _source(tape, top, live, bind, [tape._index(v, "c_grad", "params") for v in params], dialect, name,
                    with_data)

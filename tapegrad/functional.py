@@ -9,7 +9,7 @@ from . import ops as O
 from . import ops_index as OX
 from .ops import Bad, check_axes
 from .tape import Var
-from .errors import ShapeError, at
+from .errors import ArgumentError, ShapeError, at
 
 
 def _tape(*xs):
@@ -29,9 +29,17 @@ def _var(x, tape):
     return tape.const(x)
 
 
-def _data(x, tape):
-    """A Var for a data operand (indices, a mask): Vars pass through, arrays become data constants."""
-    return x if isinstance(x, Var) else tape.const(np.asarray(x))
+def _data(x, tape, kind="i", opname="", arg=""):
+    """A Var for a data operand (``kind`` "i" indices, "b" a mask): Vars pass through (the op checks
+    their kind), arrays become data constants once they are of the right kind."""
+    if isinstance(x, Var):
+        return x
+    x = np.asarray(x)
+    if x.dtype.kind not in ("b" if kind == "b" else "iu") and not (kind == "i" and x.size == 0):
+        want = "a bool mask" if kind == "b" else "integer indices"
+        raise ArgumentError(f"{at(opname, len(tape))}: argument {arg} must be {want} (an array or a data Var), got "
+                            f"a {x.dtype} array; convert with np.asarray(x, {'bool' if kind == 'b' else 'int'})")
+    return tape.const(x)
 
 
 def _scalar(x):
@@ -46,7 +54,8 @@ def _binary(op, scalar_rule, a, b):
     if scalar_rule is not None and isinstance(b, Var) and _scalar(a):
         return scalar_rule(b, float(a), True)
     tape = _tape(a, b)
-    return tape.apply(op, _var(a, tape), _var(b, tape))
+    with tape._lifted():
+        return tape.apply(op, _var(a, tape), _var(b, tape))
 
 
 def _adds(v, s, flip):
@@ -216,17 +225,23 @@ def getitem(a, key):
     """
     if a.id < 0:
         return a
+    with a.tape._lifted():
+        return _getitem(a, key)
+
+
+def _getitem(a, key):
     key = key if isinstance(key, tuple) else (key,)
     here = at("getitem", len(a.tape))
     dots = [i for i, k in enumerate(key) if k is Ellipsis]
     if len(dots) > 1:
         return a.tape._fail(ShapeError(f"{here}: at most one ... in an index, got {key!r}"))
     used = builtins.sum(k is not None and k is not Ellipsis for k in key)
+    if used > a.ndim:
+        return a.tape._fail(ShapeError(f"{here}: too many indices for shape {a.shape}: {key!r}"))
     if dots:
         i = dots[0]
         key = key[:i] + (slice(None),) * (a.ndim - used) + key[i + 1:]
-    if used > a.ndim:
-        return a.tape._fail(ShapeError(f"{here}: too many indices for shape {a.shape}: {key!r}"))
+        used = a.ndim
     key = key + (slice(None),) * (a.ndim - used)
     ranges, drop, new, adv, out_axis = [], [], [], None, 0
     for k in key:
@@ -263,7 +278,7 @@ def getitem(a, key):
         if drop and (builtins.min(drop) < d < builtins.max(drop) or (drop[0] < d and drop[-1] > d)):
             return a.tape._fail(ShapeError(f"{here}: integers on both sides of an array index (NumPy would move "
                                            f"the result's axes): use tg.take explicitly"))
-        idx = _data(idx, a.tape)
+        idx = _data(idx, a.tape, "i", "getitem", "index")
         out = take(out, idx, d)
         if out.id < 0:
             return out
@@ -331,9 +346,156 @@ _install()
 # ── special functions (ops_special) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
+log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_sigmoid = (
+    _unary(O.OPS[n]) for n in ("log1p", "expm1", "erf", "erfc", "lgamma", "digamma", "sin", "cos", "tan", "asinh",
+                               "softplus", "log_sigmoid"))
+
+
+def atan2(a, b):
+    """The angle of the point (b, a) in (−π, π], elementwise and broadcasting, as ``numpy.arctan2(a, b)``.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> y, x = tape.param(np.array([1.0, -1.0])), tape.param(np.array([0.0, 0.0]))
+    >>> tape.value(tg.atan2(y, x)) / np.pi
+    array([ 0.5, -0.5])
+    """
+    return _binary(O.OPS["atan2"], None, a, b)
+
+
+for _f in (log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_sigmoid):
+    setattr(Var, _f.__name__, _f)
+
 
 # ── scans and reductions (ops_scan) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
+
+def _axis(opname, a, axis):
+    """One axis made non-negative, or the ShapeError that names it (checked here, not only by the shape
+    rule, so that 1.0 or True never reaches the registry as an axis)."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, (bool, np.bool_)):
+        return ShapeError(f"{at(opname, len(a.tape))}: axis must be an int, got {axis!r}")
+    if not -a.ndim <= axis < a.ndim:
+        return ShapeError(f"{at(opname, len(a.tape))}: axis {axis} is out of range for an input of shape "
+                          f"{a.shape} (ndim {a.ndim})")
+    return int(axis) % a.ndim
+
+
+def _scan(op):
+    def f(a, axis, reverse=False):
+        if a.id < 0:
+            return a
+        k = _axis(op.name, a, axis)
+        if isinstance(k, ShapeError):
+            return a.tape._fail(k)
+        if not isinstance(reverse, (bool, np.bool_)):
+            return a.tape._fail(ShapeError(f"{at(op.name, len(a.tape))}: reverse must be True or False, got "
+                                           f"{reverse!r}"))
+        return a.tape.apply(op, a, None, (k, bool(reverse)))
+    f.__name__ = op.name
+    return f
+
+
+cumsum, cumprod, cummax = (_scan(O.OPS[n]) for n in ("cumsum", "cumprod", "cummax"))
+cumsum.__doc__ = """Running sum along ``axis`` (from the end with ``reverse=True``, as ``lax.cumsum``).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([1.0, 2.0, 3.0]))
+    >>> tape.value(tg.cumsum(x, 0)), tape.value(tg.cumsum(x, 0, reverse=True))
+    (array([1., 3., 6.]), array([6., 5., 3.]))
+    """
+cumprod.__doc__ = """Running product along ``axis`` (``reverse`` as in ``cumsum``); its gradient needs no division,
+    so zeros in ``a`` are fine.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([2.0, 0.0, 3.0]))
+    >>> tape.backward(tg.cumprod(x, 0).sum()); tape.grad(x)
+    True
+    array([1., 8., 0.])
+    """
+cummax.__doc__ = """Running maximum along ``axis`` (``reverse`` as in ``cumsum``); inputs tied with a running max
+    share that output's gradient equally.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([1.0, 3.0, 2.0, 3.0]))
+    >>> y = tg.cummax(x, 0); tape.value(y)
+    array([1., 3., 3., 3.])
+    >>> tape.backward(y.sum()); tape.grad(x)
+    True
+    array([1. , 2.5, 0. , 0.5])
+    """
+
+
+def sort(a, axis=-1):
+    """Sort ascending along ``axis`` (stable; NaN last, as ``numpy.sort``). The gradient of each output goes
+    back to the input it came from, through the stable argsort: of tied inputs, the earlier one receives
+    the earlier output's gradient (as ``jax.grad`` of ``jnp.sort``).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([3.0, 1.0, 2.0]))
+    >>> y = tg.sort(x); tape.value(y)
+    array([1., 2., 3.])
+    >>> tape.backward((y * np.array([1.0, 10.0, 100.0])).sum()); tape.grad(x)
+    True
+    array([100.,   1.,  10.])
+    """
+    if a.id < 0:
+        return a
+    k = _axis("sort", a, axis)
+    return a.tape._fail(k) if isinstance(k, ShapeError) else a.tape.apply(O.OPS["sort"], a, None, k)
+
+
+min, prod, logsumexp = (_reduce(O.OPS[n]) for n in ("min", "prod", "logsumexp"))
+
+
+def _moment(name, a, axis, ddof, keepdims):
+    if a.id < 0:
+        return a, None
+    try:
+        s = _axes(name, a, axis, keepdims)
+    except ShapeError as e:
+        return a.tape._fail(e), None
+    n = O.count(a.shape, s)
+    if not isinstance(ddof, numbers.Integral) or isinstance(ddof, bool) or not 0 <= ddof < n:
+        return a.tape._fail(ShapeError(f"{at(name, len(a.tape))}: ddof must be an int in [0, {n}) for {n} "
+                                       f"reduced elements of shape {a.shape}, got {ddof!r}")), None
+    # jnp.var's order: mean (Σ/n, kept dims), centre, square, Σ, divide by n − ddof
+    c = square(sub(a, mean(a, axis, keepdims=True)))
+    return a.tape.apply(O.divs, sum(c, axis, keepdims), None, float(n - ddof)), True
+
+
+def var(a, axis=None, ddof=0, keepdims=False):
+    """Variance over ``axis`` (None = all) with ``ddof`` delta degrees of freedom: a composite of registry
+    ops computed in ``jnp.var``'s order — mean, centre, square, sum, divide by N − ddof — so it rounds as
+    JAX's does wherever their sums add in the same order. ``ddof >= N`` is an error (JAX returns NaN).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([1.0, 2.0, 3.0, 4.0]))
+    >>> float(tape.value(tg.var(x))), float(tape.value(tg.var(x, ddof=1)))
+    (1.25, 1.6666666666666667)
+    """
+    return _moment("var", a, axis, ddof, keepdims)[0]
+
+
+def std(a, axis=None, ddof=0, keepdims=False):
+    """Standard deviation: ``sqrt(var(a, axis, ddof, keepdims))``, as ``jnp.std``.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> float(tape.value(tg.std(tape.param(np.array([1.0, 3.0])))))
+    1.0
+    """
+    v, ok = _moment("std", a, axis, ddof, keepdims)
+    return sqrt(v) if ok else v
+
+
+for _f in (cumsum, cumprod, cummax, sort, min, prod, logsumexp, var, std):
+    setattr(Var, _f.__name__, _f)
 
 
 # ── selection and indexing (ops_index) ─────────────────────────────────────────────
@@ -357,8 +519,8 @@ def where(mask, a, b):
     rule (``0 · ∞``): guard the input too (``where(m, sqrt(where(m, x, 1)), 0)``).
     """
     tape = _tape(a, b, mask)
-    m = _data(mask, tape)
-    with np.errstate(invalid="ignore"):
+    with tape._lifted():
+        m = _data(mask, tape, "b", "where", "mask")
         return tape.apply(OX.where, _var(a, tape), _var(b, tape), None, m)
 
 
@@ -370,7 +532,8 @@ def take(a, indices, axis=0):
     """
     if a.id < 0:
         return a
-    return a.tape.apply(OX.take, a, _data(indices, a.tape), _norm_axis(axis, a.ndim))
+    with a.tape._lifted():
+        return a.tape.apply(OX.take, a, _data(indices, a.tape, "i", "take", "indices"), _norm_axis(axis, a.ndim))
 
 
 def take_along_axis(a, indices, axis):
@@ -384,14 +547,21 @@ def take_along_axis(a, indices, axis):
     """
     if a.id < 0:
         return a
-    return a.tape.apply(OX.take_along_axis, a, _data(indices, a.tape), _norm_axis(axis, a.ndim))
+    with a.tape._lifted():
+        return a.tape.apply(OX.take_along_axis, a, _data(indices, a.tape, "i", "take_along_axis", "indices"),
+                            _norm_axis(axis, a.ndim))
 
 
 def _scatter(op, a, indices, values, axis):
     if a.id < 0:
         return a
+    with a.tape._lifted():
+        return _scatter_lifted(op, a, indices, values, axis)
+
+
+def _scatter_lifted(op, a, indices, values, axis):
     tape = a.tape
-    idx = _data(indices, tape)
+    idx = _data(indices, tape, "i", op.name, "indices")
     ax = _norm_axis(axis, a.ndim)
     v = _var(values, tape)
     if 0 <= ax < a.ndim and idx.id >= 0 and v.id >= 0:
@@ -424,7 +594,9 @@ def dynamic_slice(a, starts, sizes):
     """``lax.dynamic_slice``: a window of ``sizes`` at data-dependent ``starts`` (clamped to fit)."""
     if a.id < 0:
         return a
-    return a.tape.apply(OX.dynamic_slice, a, _data(starts, a.tape), tuple(int(n) for n in sizes))
+    with a.tape._lifted():
+        return a.tape.apply(OX.dynamic_slice, a, _data(starts, a.tape, "i", "dynamic_slice", "starts"),
+                            tuple(int(n) for n in sizes))
 
 
 def dynamic_update_slice(a, update, starts):
@@ -432,7 +604,9 @@ def dynamic_update_slice(a, update, starts):
     if a.id < 0:
         return a
     tape = a.tape
-    return tape.apply(OX.dynamic_update_slice, a, _var(update, tape), None, _data(starts, tape))
+    with tape._lifted():
+        starts = _data(starts, tape, "i", "dynamic_update_slice", "starts")
+        return tape.apply(OX.dynamic_update_slice, a, _var(update, tape), None, starts)
 
 
 def flip(a, axis=None):
@@ -498,6 +672,194 @@ Var.flip = flip
 
 # ── convolution and pooling (ops_conv) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
+
+_CONV_LAYOUTS = {"NCHW": "NCHW", "NHWC": "NHWC", "NCW": "NCHW", "NWC": "NHWC", "NCDHW": "NCHW", "NDHWC": "NHWC"}
+
+
+def _per_dim(opname, tape, name, v, n, what="spatial dimension"):
+    """An int (the same in every dim) or a sequence of n ints, as a tuple."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        return (int(v),) * n
+    try:
+        out = tuple(int(x) for x in v)
+    except (TypeError, ValueError):
+        raise ShapeError(f"{at(opname, len(tape))}: {name} must be an int or {n} ints, got {v!r}") from None
+    if len(out) != n:
+        raise ShapeError(f"{at(opname, len(tape))}: {name} must be an int or {n} ints (one per {what}), "
+                         f"got {v!r}")
+    return out
+
+
+def _resolve_padding(opname, tape, padding, sizes, window, strides):
+    """(lo, hi) pairs; "VALID"/"SAME"/"SAME_LOWER" resolved as ``jax.lax.padtype_to_pads`` does."""
+    if isinstance(padding, str):
+        kind = padding.upper()
+        if kind == "VALID":
+            return ((0, 0),) * len(sizes)
+        if kind in ("SAME", "SAME_LOWER"):
+            pads = []
+            for n, k, s in zip(sizes, window, strides):
+                total = builtins.max(0, (-(-n // s) - 1) * s + k - n)
+                small, big = total // 2, total - total // 2
+                pads.append((small, big) if kind == "SAME" else (big, small))
+            return tuple(pads)
+        raise ShapeError(f"{at(opname, len(tape))}: padding must be 'VALID', 'SAME', 'SAME_LOWER' or (lo, hi) "
+                         f"pairs, got {padding!r}")
+    try:
+        pads = tuple((int(lo), int(hi)) for lo, hi in padding)
+    except (TypeError, ValueError):
+        raise ShapeError(f"{at(opname, len(tape))}: padding must be 'VALID', 'SAME', 'SAME_LOWER' or one "
+                         f"(lo, hi) pair per dimension, got {padding!r}") from None
+    return pads
+
+
+def conv(x, w, stride=1, padding="VALID", lhs_dilation=1, rhs_dilation=1, groups=1, layout="NCHW"):
+    """N-D convolution (1-D, 2-D, 3-D, ...): ``jax.lax.conv_general_dilated`` on the tape.
+
+    Layout "NCHW": ``x`` is (N, C, *spatial) and the kernel ``w`` is (O, C/groups, *k) (OIHW);
+    layout "NHWC": ``x`` is (N, *spatial, C) and ``w`` is (*k, C/groups, O) (HWIO). The output has the
+    input's layout. ("NCW"/"NCDHW" and "NWC"/"NDHWC" name the same two layouts in 1-D/3-D.)
+    The arguments map one to one onto ``lax.conv_general_dilated(lhs=x, rhs=w, window_strides=stride,
+    padding=padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+    dimension_numbers=(layout, "OIHW" or "HWIO", layout), feature_group_count=groups)``; an int stands
+    for the same value in every spatial dim. ``padding`` is "VALID", "SAME", "SAME_LOWER" (resolved to
+    (lo, hi) pairs over the rhs-dilated kernel exactly as ``lax.padtype_to_pads`` does; like lax, not
+    with lhs_dilation > 1) or one (lo, hi) pair of non-negative ints per spatial dim.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.const(np.arange(16.0).reshape(1, 1, 4, 4))
+    >>> w = tape.param(np.ones((2, 1, 3, 3)))
+    >>> y = tg.conv(x, w, padding="SAME")
+    >>> y.shape
+    (1, 2, 4, 4)
+    >>> tape.value(y)[0, 0, 0]
+    array([10., 18., 24., 18.])
+    """
+    tape = _tape(x, w)
+    if builtins.any(isinstance(v, Var) and v.id < 0 for v in (x, w)):
+        return x if isinstance(x, Var) and x.id < 0 else w
+    xs, ws_ = (v.shape if isinstance(v, Var) else np.shape(v) for v in (x, w))
+    try:
+        if layout not in _CONV_LAYOUTS or (len(layout) != len(xs) and layout not in ("NCHW", "NHWC")):
+            raise ShapeError(f"{at('conv', len(tape))}: layout must be 'NCHW' or 'NHWC' (or 'NCW'/'NWC', "
+                             f"'NCDHW'/'NDHWC' matching the input's rank {len(xs)}), got {layout!r}")
+        if len(xs) < 3:
+            raise ShapeError(f"{at('conv', len(tape))}: expected an input of rank >= 3 (batch, channels, "
+                             f"spatial...), got shape {xs}")
+        lay, nsp = _CONV_LAYOUTS[layout], len(xs) - 2
+        st = _per_dim("conv", tape, "stride", stride, nsp)
+        ld = _per_dim("conv", tape, "lhs_dilation", lhs_dilation, nsp)
+        rd = _per_dim("conv", tape, "rhs_dilation", rhs_dilation, nsp)
+        if isinstance(padding, str) and builtins.any(d != 1 for d in ld):
+            raise ShapeError(f"{at('conv', len(tape))}: string padding {padding!r} is not defined with "
+                             f"lhs_dilation {ld} (as in lax); give (lo, hi) pairs")
+        sizes = xs[1:-1] if lay == "NHWC" else xs[2:]
+        k = (ws_[:-2] if lay == "NHWC" else ws_[2:]) if len(ws_) == len(xs) else (1,) * nsp
+        pads = _resolve_padding("conv", tape, padding, sizes, [(n - 1) * r + 1 for n, r in zip(k, rd)], st)
+        groups = int(groups) if isinstance(groups, (int, np.integer)) else groups
+        s = (lay, st, pads, ld, rd, groups)
+        O.ops_conv.geometry(tuple(xs), tuple(ws_), s)   # before lifting arrays: a failure leaves the tape as it was
+    except Bad as e:
+        return tape._fail(ShapeError(f"{at('conv', len(tape))}: {e}"))
+    except ShapeError as e:
+        return tape._fail(e)
+    return tape.apply(O.OPS["conv"], _var(x, tape), _var(w, tape), s)
+
+
+def _pool_args(opname, x, window, strides, padding, layout):
+    """The full-rank (window, strides, padding) of a pooling node."""
+    tape = x.tape
+    nd = x.ndim
+    if layout is not None:
+        if layout not in _CONV_LAYOUTS:
+            raise ShapeError(f"{at(opname, len(tape))}: layout must be 'NCHW' or 'NHWC', got {layout!r}")
+        if nd < 3:
+            raise ShapeError(f"{at(opname, len(tape))}: a layout needs an input of rank >= 3, got shape {x.shape}")
+        last = _CONV_LAYOUTS[layout] == "NHWC"
+
+        def full(name, v):
+            sp = _per_dim(opname, tape, name, v, nd - 2)
+            return (1,) + sp + (1,) if last else (1, 1) + sp
+    else:
+        def full(name, v):
+            return _per_dim(opname, tape, name, v, nd, "axis")
+    win = full("window", window)
+    st = win if strides is None else full("strides", strides)
+    if isinstance(padding, str) or layout is None:
+        pads = _resolve_padding(opname, tape, padding, x.shape, win, st)
+    else:
+        pads = tuple((int(lo), int(hi)) for lo, hi in padding)
+        pads = ((0, 0),) + pads + ((0, 0),) if last else ((0, 0), (0, 0)) + pads
+    return win, st, pads
+
+
+def _pool(op):
+    def f(x, window, strides=None, padding="VALID", layout=None):
+        if x.id < 0:
+            return x
+        try:
+            s = _pool_args(op.name, x, window, strides, padding, layout)
+        except ShapeError as e:
+            return x.tape._fail(e)
+        return x.tape.apply(op, x, None, s)
+    f.__name__ = op.name
+    return f
+
+
+max_pool = _pool(O.OPS["max_pool"])
+max_pool.__doc__ = """Max pooling: ``jax.lax.reduce_window(x, -inf, lax.max, window, strides, padding)``.
+
+    ``window`` (and ``strides``, ``padding`` pairs) give one entry per axis of ``x``, as in
+    ``reduce_window``; with ``layout`` ("NCHW" or "NHWC") they give one per spatial axis and the batch
+    and channel windows are 1 (flax's ``max_pool`` is ``layout="NHWC"``). ``strides`` defaults to the
+    window (non-overlapping windows); ``padding`` is "VALID", "SAME", "SAME_LOWER" (resolved as
+    ``lax.padtype_to_pads``) or (lo, hi) pairs; padding holds −inf. The gradient of each window goes to
+    its FIRST maximum, scanning the window in row-major order (what ``jax.grad`` of ``reduce_window``
+    max does, through ``select_and_scatter_add``); NaN windows send none.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([[[[1.0, 3.0], [3.0, 2.0]]]]))
+    >>> y = tg.max_pool(x, 2, layout="NCHW")
+    >>> tape.backward(y.sum()); tape.grad(x)[0, 0]
+    True
+    array([[0., 1.],
+           [0., 0.]])
+    """
+
+sum_pool = _pool(O.OPS["sum_pool"])
+sum_pool.__doc__ = """Sum pooling: ``jax.lax.reduce_window(x, 0, lax.add, window, strides, padding)``.
+
+    Arguments as ``max_pool``; padding holds 0. The window positions are added in row-major order.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> tape.value(tg.sum_pool(tape.const(np.arange(6.0).reshape(1, 6, 1)), 3, layout="NHWC")).ravel()
+    array([ 3., 12.])
+    """
+
+
+def avg_pool(x, window, strides=None, padding="VALID", layout=None):
+    """Average pooling: ``sum_pool`` divided by the window size (a composite of ``sum_pool`` and ``divs``).
+
+    Padding counts as zeros in the average (``count_include_pad=True``, flax's ``avg_pool`` default);
+    stax's ``AvgPool`` instead divides by the number of real elements, which differs only where a
+    window overlaps the padding.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> tape.value(tg.avg_pool(tape.const(np.arange(6.0).reshape(1, 6, 1)), 3, layout="NHWC")).ravel()
+    array([1., 4.])
+    """
+    if x.id < 0:
+        return x
+    try:
+        s = _pool_args("sum_pool", x, window, strides, padding, layout)
+    except ShapeError as e:
+        return x.tape._fail(e)
+    y = x.tape.apply(O.OPS["sum_pool"], x, None, s)
+    return y if y.id < 0 else y.tape.apply(O.divs, y, None, float(math.prod(s[0])))
 
 
 # ── linear algebra (ops_linalg) ─────────────────────────────────────────────

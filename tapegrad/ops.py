@@ -17,6 +17,9 @@ An entry holds
           ``a b c s out g``; every one mirrors its NumPy form operation by operation, so compiled with
           ``-ffp-contract=off`` it rounds the same way,
   tier    how exactly a compiled replay reproduces the tape (see ``TIERS``),
+  ulps    optional ``(k, floor)``: a libm-tier op's own bound where its C and NumPy/SciPy forms differ by
+          more than the tier's 8 ulp: within k ulp, or k·eps·max(floor, max|result|) absolutely (floor 1
+          for functions whose forms agree only absolutely near a zero, like lgamma at 1 and 2),
   aliases True when ``da``/``db`` may return ``g`` itself or a view of it (otherwise a contribution
           is a fresh scratch buffer that the tape may adopt as the input's gradient, saving a copy),
   domain  one sampler per input for tests (e.g. positive inputs for ``log``),
@@ -72,6 +75,7 @@ class Op:
     doc: str = ""
     inputs: str = ""
     check: Optional[Callable] = None
+    ulps: Optional[tuple] = None
 
     def __post_init__(self):
         kinds = self.inputs or "f" * self.arity

@@ -368,6 +368,11 @@ class Tape:
         raise ForeignVarError(f"{here}: argument {arg} (node {v.id}) was dropped by reset_to; Vars created "
                               f"after a mark are invalid once the tape is reset to it")
 
+    def _lifted(self):
+        """A context for functions that lift arrays to constants (or compose ops) before the op that may
+        fail: on an error every node appended inside goes too, so the tape is left exactly as it was."""
+        return _Rollback(self)
+
     def _fail(self, err):
         if not self.poison:
             raise err
@@ -589,6 +594,24 @@ class Tape:
                     ins = tuple(self._nodes[k].shape for k in (n.a, n.b) if k >= 0)
                     return NonFinite(i, n.op.name, kind, ins, _where(n.src))
         return None
+
+
+class _Rollback:
+    def __init__(self, tape):
+        self.tape = tape
+
+    def __enter__(self):
+        self.n, self.pos = len(self.tape._nodes), self.tape._vals.pos
+        return self
+
+    def __exit__(self, kind, err, tb):
+        t = self.tape
+        if kind is not None and issubclass(kind, TapeError) and len(t._nodes) > self.n:
+            assert all(nd.op is not O.param for nd in t._nodes[self.n:])   # nodes no caller has seen
+            t._vals.rewind(self.pos)
+            for lst in (t._nodes, t._val, t._grad, t._gpass):
+                del lst[self.n:]
+        return False
 
 
 def unbroadcast(c, shape, ws, out=None):

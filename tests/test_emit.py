@@ -24,10 +24,11 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 import pytest
+import scipy.special
 
 import tapegrad as tg
 from tapegrad import ops as O
-from tapegrad.emit import EmitError, c_grad, forms, literal
+from tapegrad.emit import EmitError, c_grad, forms, literal, runtime_helper
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
@@ -79,11 +80,15 @@ SCALAR_CASES = {
     "transpose": ((1, 1), None, (1, 0)), "reshape": ((1,), None, (1, 1)), "broadcast_to": ((), None, (1, 1)),
     "slice": ((1, 1), None, ((0, 1), (0, 1))), "softmax": ((1,), None, 0), "logsoftmax": ((1, 1), None, 1),
     "softmax_xent": ((1,), (1,), 0), "matmul": ((1, 1), (1, 1), None), "bmm": ((1, 1, 1), (1, 1, 1), None),
+    "cumsum": ((1,), None, (0, False)), "cumprod": ((1, 1), None, (1, True)), "cummax": ((1,), None, (0, True)),
+    "sort": ((1,), None, 0), "min": ((1,), None, ((0,), True)), "prod": ((1, 1), None, ((0, 1), False)),
+    "logsumexp": ((1,), None, (None, False)),
 }
 # concat: two non-empty inputs never make one element; ops with data inputs (indices, masks) and the
-# families without a one-element form (emit.forms says None) are refused by name (test below)
+# families without a one-element form (emit.forms says None) are refused by name (test below); so are ops
+# whose C form calls a native-runtime helper (tg_digamma): tests/test_ops_special.py
 NO_SCALAR_FORM = {op.name for op in O.OPS.values() if op.arity and forms(op) is None}
-EMITTABLE = [op for op in O.OPS.values() if op.arity and op.name not in NO_SCALAR_FORM]
+EMITTABLE = [op for op in O.OPS.values() if op.arity and op.name not in NO_SCALAR_FORM and runtime_helper(op) is None]
 
 
 def scalar_case(op):
@@ -257,7 +262,8 @@ def ulps(x, y):
 
 
 LIBM = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
-for _f, _n in (("exp", 1), ("log", 1), ("tanh", 1), ("pow", 2)):
+for _f, _n in (("exp", 1), ("log", 1), ("tanh", 1), ("pow", 2), ("log1p", 1), ("expm1", 1), ("erf", 1), ("erfc", 1),
+               ("sin", 1), ("cos", 1), ("tan", 1), ("atan2", 2), ("asinh", 1)):
     getattr(LIBM, _f).restype = ctypes.c_double
     getattr(LIBM, _f).argtypes = [ctypes.c_double] * _n
 
@@ -267,7 +273,18 @@ LIBM_CALLS = {
     "sigmoid": lambda a, s: [("exp", -abs(a))], "pow": lambda a, s: [("pow", a, s), ("pow", a, s - 1.0)],
     "softmax": lambda a, s: [("exp", 0.0)], "logsoftmax": lambda a, s: [("exp", 0.0), ("log", 1.0)],
     "softmax_xent": lambda a, s: [("exp", 0.0), ("log", 1.0)],
+    "logsumexp": lambda a, s: [("exp", 0.0), ("log", 1.0)],
+    "log1p": lambda a, s: [("log1p", a)], "expm1": lambda a, s: [("expm1", a)],
+    "erf": lambda a, s: [("erf", a), ("exp", -(a * a))], "erfc": lambda a, s: [("erfc", a), ("exp", -(a * a))],
+    "sin": lambda a, s: [("sin", a), ("cos", a)], "cos": lambda a, s: [("cos", a), ("sin", a)],
+    "tan": lambda a, s: [("tan", a)], "asinh": lambda a, s: [("asinh", a)],
+    "softplus": lambda a, s: [("exp", -abs(a)), ("log1p", float(np.exp(-abs(a))))],
+    "log_sigmoid": lambda a, s: [("exp", -abs(a)), ("log1p", float(np.exp(-abs(a))))],
 }
+# binary libm ops: the calls from both inputs
+LIBM_CALLS2 = {"atan2": lambda a, b, s: [("atan2", a, b)]}
+# the tape's function for each C-library name (NumPy's, else SciPy's)
+TAPE_FN = {"atan2": np.arctan2, "asinh": np.arcsinh, "erf": scipy.special.erf, "erfc": scipy.special.erfc}
 
 
 def libm_agrees(tape, loss):
@@ -276,8 +293,13 @@ def libm_agrees(tape, loss):
         if n.op.tier != "libm":
             continue
         a = float(tape._val[n.a].reshape(-1)[0])
-        for f, *args in LIBM_CALLS[n.op.name](a, n.s):
-            ref = np.power(np.array([args[0]]), args[1]) if f == "pow" else getattr(np, f)(np.array([args[0]]))
+        if n.op.name in LIBM_CALLS2:
+            todo = LIBM_CALLS2[n.op.name](a, float(tape._val[n.b].reshape(-1)[0]), n.s)
+        else:
+            todo = LIBM_CALLS[n.op.name](a, n.s)
+        for f, *args in todo:
+            ref = np.power(np.array([args[0]]), args[1]) if f == "pow" else \
+                TAPE_FN.get(f, getattr(np, f, None))(*[np.array([x]) for x in args])
             if ulps(float(ref[0]), getattr(LIBM, f)(*args)):
                 return False
     return True
@@ -408,6 +430,8 @@ def test_every_op_has_a_scalar_form_or_says_it_has_none(op):
     if op.name in NO_SCALAR_FORM:
         assert forms(op) is None
         assert op.data or op.kind != "elementwise", f"{op.name}: an elementwise float op has a scalar C form"
+    elif runtime_helper(op):   # c_grad refuses it with a message (tests/test_ops_special.py)
+        assert forms(op) is not None and op.name not in PROGRAMS
     else:
         assert forms(op) is not None and op.name in PROGRAMS
 

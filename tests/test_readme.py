@@ -40,3 +40,12 @@ def test_the_mlp_example_trains():
     accuracy = (np.argmax(tape.value(logits), axis=1) == y).mean()
     assert accuracy > 0.8
     assert float(tape.value(tg.softmax_cross_entropy(logits, np.eye(3)[y]))) < 0.5
+
+
+def test_the_models_example_runs():
+    code = re.search(r"## Models on the tape\n.*?```python\n(.*?)```", README, re.S).group(1)
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    tape, program, loss = scope["tape"], scope["program"], scope["loss"]
+    assert abs(float(tape.value(loss)) - np.log(4)) < 1e-12      # W = 0: uniform predictions
+    assert program.forward() == tape.value(loss)                  # W = 0: log 4 whatever the new ids

@@ -11,6 +11,8 @@ on the host before one ufunc call, and every literal goes through one exact prin
 '__dmul_rn(g1[i], __dmul_rn(3.0, pow(v0[i], 2.0)))'
 >>> C32.render(parse("a > 0.0 ? a : 0.0"), {"a": "x"})
 '((x > 0.0f) ? x : 0.0f)'
+>>> C32.render(parse("g * tg_digamma(a) + lgamma(a)"), {"g": "y", "a": "x"})
+'((y * tg_digamma(x)) + lgammaf(x))'
 """
 import math
 import re
@@ -20,7 +22,14 @@ _TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+|\d+)"   #
                     r"|([A-Za-z_]\w*)"                                         # a name
                     r"|(>=|<=|==|!=|&&|\|\||[-+*/?:(),<>!]))")                  # an operator
 _BIN = [("?",), ("||",), ("&&",), ("==", "!="), ("<", ">", "<=", ">="), ("+", "-"), ("*", "/")]
-FUNCS = ("exp", "log", "sqrt", "fabs", "tanh", "pow")
+# The C functions an expression may call: name -> (float64 spelling, float32 spelling). The C library's
+# float functions carry an ``f`` suffix; CUDA's device functions have the same names in both precisions.
+# ``tg_*`` are helpers of the native runtime (``runtime_special.c``), written over ``real`` (either
+# precision) and spelled the same in both; a CUDA build must compile them as device functions too.
+_LIBM = ("exp", "log", "sqrt", "fabs", "tanh", "pow", "log1p", "expm1", "erf", "erfc", "lgamma", "sin", "cos",
+         "tan", "atan2", "asinh")
+FUNCS = {**{f: (f, f + "f") for f in _LIBM}, "tg_digamma": ("tg_digamma",) * 2, "tg_trigamma": ("tg_trigamma",) * 2}
+RUNTIME_FUNCS = frozenset(f for f in FUNCS if f.startswith("tg_"))
 
 
 def tokens(src):
@@ -179,7 +188,7 @@ class Dialect:
         return r if x >= 0 or r.startswith("(") else f"({r})"
 
     def func(self, f):
-        return f + "f" if self.real == "float" else f
+        return FUNCS[f][self.real == "float"]
 
     def render(self, e, env, s=None):
         return self.print(fold(e, s), env)

@@ -39,7 +39,8 @@ TG_FN real tg_pairwise(const real *a, long n)
 }
 
 /* out = Σ of x (shape[nd], C-contiguous) over the axes with red[k] = 1; out is the kept-axes array.
- * mode 0: sum; mode 1: max (NaN propagates). When the last axis is kept, each row of the trailing kept
+ * mode 0: sum; mode 1: max, mode 2: min (NaN propagates); mode 3: product (sequential, as NumPy's multiply
+ * reduction, which is not pairwise). When the last axis is kept, each row of the trailing kept
  * block is added into out element by element (NumPy's inner loop; vectorisable, still one ordered chain
  * per output element); when it is reduced, the trailing reduced block is summed pairwise. */
 TG_FN void tg_reduce(int mode, const real *x, real *out, int nd, const long *shape, const unsigned char *red)
@@ -64,7 +65,7 @@ TG_FN void tg_reduce(int mode, const real *x, real *out, int nd, const long *sha
     }
     nout = s;
     for (long i = 0; i < nout; i++)
-        out[i] = mode ? -INFINITY : R(0.0);
+        out[i] = mode == 0 ? R(0.0) : mode == 1 ? -INFINITY : mode == 2 ? INFINITY : R(1.0);
     long nouter = 1;
     for (int k = 0; k < t; k++) {
         nouter *= shape[k];
@@ -78,21 +79,34 @@ TG_FN void tg_reduce(int mode, const real *x, real *out, int nd, const long *sha
         if (run > 1 || inner == 1) {
             real *restrict dst = out + o;
             const real *restrict src = p;
-            if (mode == 0)
+            if (mode == 0) {
                 for (long j = 0; j < run; j++)
                     dst[j] = dst[j] + src[j];
-            else
+            } else if (mode == 1) {
                 for (long j = 0; j < run; j++)
                     if (dst[j] == dst[j] && (src[j] > dst[j] || src[j] != src[j]))
                         dst[j] = src[j];
+            } else if (mode == 2) {
+                for (long j = 0; j < run; j++)
+                    if (dst[j] == dst[j] && (src[j] < dst[j] || src[j] != src[j]))
+                        dst[j] = src[j];
+            } else {
+                for (long j = 0; j < run; j++)
+                    dst[j] = dst[j] * src[j];
+            }
             p += run;
         } else {
             if (mode == 0) {
                 out[o] += tg_pairwise(p, inner);
+            } else if (mode == 3) {
+                real m = out[o];
+                for (long i = 0; i < inner; i++)
+                    m = m * p[i];
+                out[o] = m;
             } else {
                 real m = out[o];
                 for (long i = 0; i < inner; i++)
-                    if (m == m && (p[i] > m || p[i] != p[i]))
+                    if (m == m && ((mode == 1 ? p[i] > m : p[i] < m) || p[i] != p[i]))
                         m = p[i];
                 out[o] = m;
             }

@@ -1,0 +1,209 @@
+"""Data-parallel training on JAX's distributed runtime, each shard's step a captured tapegrad program.
+
+Every process runs the same script; JAX's distributed runtime (``jax.distributed.initialize``, CPU
+collectives over gloo) joins them into one mesh of all their devices. Per step, inside one jitted
+``shard_map``: each device runs the captured native program as an XLA custom call
+(``interop.program_call``: forward + backward on its shard of the batch), XLA all-reduces the
+gradients (the gradient of a replicated parameter is summed over the mesh by ``shard_map``'s
+transpose), and optax's Adam updates the replicated parameters identically on every device.
+
+The same training on one process and the full batch (the eager tape with its optax-form Adam) is the
+reference: the parameters agree to a stated bound, not bit for bit, because the full-batch mean sums
+the rows in one order and the mesh sums per-shard means in another (and XLA fuses the Adam update into
+fused multiply-adds). Throughput by processes × devices is measured honestly on whatever machine runs it
+(on 2 cores more processes only add communication).
+
+    python experiments/data_parallel.py           # 1, 2 processes × 1, 2 devices each; table + plot
+    python experiments/data_parallel.py --quick   # 2 processes × 2 devices, a few steps (the test suite)
+
+On several hosts, run on each (same script, same data seed; host 0's address as coordinator):
+
+    python experiments/data_parallel.py --worker RANK --processes N --devices D --coordinator HOST0:PORT
+"""
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+FULL = dict(batch=64, sizes=(64, 128, 128, 10), steps=40, lr=1e-3)
+QUICK = dict(batch=16, sizes=(8, 16, 4), steps=3, lr=1e-3)
+BOUND = 1e-12   # max relative parameter difference from the single-process full-batch run
+
+
+def batches(cfg, seed=1):
+    rng = np.random.default_rng(seed)
+    n, c = cfg["sizes"][0], cfg["sizes"][-1]
+    return [(rng.standard_normal((cfg["batch"], n)), np.eye(c)[rng.integers(0, c, cfg["batch"])])
+            for _ in range(cfg["steps"])]
+
+
+def reference(cfg):
+    """One process, the full batch: the eager tape and its optax-form Adam."""
+    import tapegrad as tg
+    from mlp import init, tape_loss
+    tape = tg.Tape()
+    P = [tape.param(p) for p in init(cfg["sizes"])]
+    opt = tg.Adam(cfg["lr"])
+    for p in P:
+        opt.add(tape, p)
+    start = tape.mark()
+    for x, y in batches(cfg):
+        tape.backward(tape_loss(tape, P, x, y))
+        opt.step()
+        tape.reset_to(start)
+    return [np.array(tape.value(p)) for p in P]
+
+
+def worker(rank, nproc, ndev, coordinator, cfg, out):
+    """One process of the mesh: joins it, trains, and (rank 0) writes parameters and timings to ``out``."""
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ndev}"
+    import jax
+    jax.config.update("jax_enable_x64", True)            # a script: float64 throughout, said here
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if nproc > 1:
+        jax.distributed.initialize(coordinator, num_processes=nproc, process_id=rank)
+    import optax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as Spec
+
+    import interop
+    import tapegrad as tg
+    from mlp import init, tape_loss
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    shards = jax.device_count()
+    if cfg["batch"] % shards:
+        raise SystemExit(f"batch {cfg['batch']} does not split over {shards} devices")
+    b = cfg["batch"] // shards
+    tape = tg.Tape()                                     # one shard's episode, captured once
+    P = [tape.param(p) for p in init(cfg["sizes"])]
+    x, y = tape.const(np.zeros((b, cfg["sizes"][0]))), tape.const(np.zeros((b, cfg["sizes"][-1])))
+    loss_fn = interop.program_call(tg.capture(tape, tape_loss(tape, P, x, y), backend="native"))
+    tx = optax.adam(cfg["lr"])
+
+    def shard_step(ps, st, xs, ys):
+        loss, g = jax.value_and_grad(lambda ps: loss_fn(*ps, xs, ys))(ps)
+        g = [gk / shards for gk in g]           # summed over the mesh already: the mean of the shard means
+        u, st = tx.update(g, st, ps)
+        return jax.lax.psum(loss, "data") / shards, optax.apply_updates(ps, u), st
+
+    rep, row = NamedSharding(mesh, Spec()), NamedSharding(mesh, Spec("data"))
+    step = jax.jit(jax.shard_map(shard_step, mesh=mesh, in_specs=(Spec(), Spec(), Spec("data"), Spec("data")),
+                                 out_specs=(Spec(), Spec(), Spec())), donate_argnums=(0, 1))
+    ps = [jax.make_array_from_process_local_data(rep, p) for p in init(cfg["sizes"])]
+    st = jax.jit(tx.init, out_shardings=rep)(ps)
+    local = slice(rank * ndev * b, (rank + 1) * ndev * b)    # this process's rows of every batch
+    times = []
+    for xb, yb in batches(cfg):
+        xs = jax.make_array_from_process_local_data(row, xb[local])
+        ys = jax.make_array_from_process_local_data(row, yb[local])
+        t0 = time.perf_counter()
+        loss, ps, st = step(ps, st, xs, ys)
+        loss.block_until_ready()
+        times.append(time.perf_counter() - t0)
+    if rank == 0:
+        np.savez(out, *[np.asarray(p.addressable_data(0)) for p in ps], times=np.array(times))
+    if nproc > 1:
+        jax.distributed.shutdown()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(nproc, ndev, cfg, timeout=300):
+    """Run the mesh as ``nproc`` local processes: (parameters, step times) from rank 0."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.npz")
+        cmd = lambda r: [sys.executable, os.path.abspath(__file__), "--worker", str(r), "--processes", str(nproc),  # noqa: E731
+                         "--devices", str(ndev), "--coordinator", coordinator, "--config", json.dumps(cfg),
+                         "--result", out]
+        procs = [subprocess.Popen(cmd(r), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in range(nproc)]
+        errs = [p.communicate(timeout=timeout)[1] for p in procs]
+        for p, e in zip(procs, errs):
+            if p.returncode:
+                raise RuntimeError(f"worker exited with {p.returncode}:\n{e[-3000:]}")
+        got = np.load(out)
+        return [got[f"arr_{k}"] for k in range(len(got.files) - 1)], got["times"]
+
+
+def compare(params, ref):
+    return max(float(np.abs(p - r).max() / max(np.abs(r).max(), 1e-300)) for p, r in zip(params, ref))
+
+
+def run(configs, cfg, quiet=False):
+    from progress import bar
+    ref = reference(cfg)
+    rows = []
+    for i, (nproc, ndev) in enumerate(configs):
+        params, times = launch(nproc, ndev, cfg)
+        steady = times[1:] if len(times) > 1 else times
+        rows.append((nproc, ndev, compare(params, ref), cfg["batch"] / float(np.median(steady))))
+        if not quiet:
+            bar(i + 1, len(configs), f"{nproc} × {ndev}")
+    return rows
+
+
+def markdown(rows, cfg):
+    from mlp import blas_kernel
+    from progress import cpu_model
+    lines = [f"MLP {'-'.join(map(str, cfg['sizes']))}, global batch {cfg['batch']}, {cfg['steps']} Adam steps, "
+             f"float64; CPU: {cpu_model()} ({os.cpu_count()} cores); BLAS: {blas_kernel()}", "",
+             "| processes × devices | shards | max rel. parameter difference from one process, full batch "
+             f"(bound {BOUND:g}) | examples / s (median step) |", "|---|---:|---:|---:|"]
+    for nproc, ndev, diff, rate in rows:
+        lines.append(f"| {nproc} × {ndev} | {nproc * ndev} | {diff:.1e} | {rate:,.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.bar([f"{p}×{d}" for p, d, *_ in rows], [r[3] for r in rows])
+    ax.set(xlabel="processes × devices", ylabel="examples / s", title="data-parallel throughput")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap.add_argument("--worker", type=int, help="run one process of the mesh (its rank)")
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--devices", type=int, default=2, help="host devices per process")
+    ap.add_argument("--coordinator", default="127.0.0.1:12355")
+    ap.add_argument("--config", help="the training configuration as JSON (default: the full one)")
+    ap.add_argument("--result", default="data_parallel_rank0.npz")
+    args = ap.parse_args(argv)
+    cfg = json.loads(args.config) if args.config else (QUICK if args.quick else FULL)
+    if args.config:
+        cfg["sizes"] = tuple(cfg["sizes"])
+    if args.worker is not None:
+        return worker(args.worker, args.processes, args.devices, args.coordinator, cfg, args.result)
+    configs = [(2, 2)] if args.quick else [(1, 1), (1, 2), (2, 1), (2, 2)]
+    rows = run(configs, cfg)
+    text = markdown(rows, cfg)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "data_parallel.md"), "w") as f:
+        f.write(text)
+    plot(rows, os.path.join(args.out, "data_parallel.png"))
+    print("\n" + text)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

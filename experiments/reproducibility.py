@@ -1,0 +1,192 @@
+"""The same training run, repeated: which ways of running it agree bit for bit, and how far the rest drift.
+
+One MLP (64-128-128-10, batch 64, Adam, float64) trained for N steps from one start on the same
+batches: on the eager tape, as a NumPy replay, as native programs fused and unfused, with BLAS on one
+thread and on two, and — as reference points — jax.jit(value_and_grad + optax.adam) run twice and
+PyTorch eager where it is installed. Per step, each run's largest relative parameter difference from
+the eager tape; at the end, which pairs are bit-identical. Writes experiments/out/reproducibility.png
+and reproducibility.md.
+
+    python experiments/reproducibility.py          # 100 steps
+    python experiments/reproducibility.py --quick  # 5 steps of a small MLP (the test suite)
+"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import tapegrad as tg  # noqa: E402
+from mlp import blas_kernel, init, jax_loss, tape_loss  # noqa: E402
+from progress import bar, cpu_model  # noqa: E402
+
+FULL = dict(batch=64, sizes=(64, 128, 128, 10), steps=100, lr=1e-3)
+QUICK = dict(batch=16, sizes=(8, 16, 4), steps=5, lr=1e-3)
+
+
+def batches(cfg, seed=1):
+    rng = np.random.default_rng(seed)
+    n, c = cfg["sizes"][0], cfg["sizes"][-1]
+    return [(rng.standard_normal((cfg["batch"], n)), np.eye(c)[rng.integers(0, c, cfg["batch"])])
+            for _ in range(cfg["steps"])]
+
+
+def blas_threads(n):
+    from threadpoolctl import threadpool_limits
+    return threadpool_limits(n, "blas")
+
+
+def eager_run(cfg, data):
+    tape = tg.Tape()
+    P = [tape.param(p) for p in init(cfg["sizes"])]
+    opt = tg.Adam(cfg["lr"])
+    for p in P:
+        opt.add(tape, p)
+    start = tape.mark()
+    for x, y in data:
+        tape.backward(tape_loss(tape, P, x, y))
+        opt.step()
+        tape.reset_to(start)
+        yield np.concatenate([np.ravel(tape.value(p)) for p in P])
+
+
+def program_run(cfg, data, backend, fuse=True):
+    tape = tg.Tape()
+    P = [tape.param(p) for p in init(cfg["sizes"])]
+    opt = tg.Adam(cfg["lr"])
+    for p in P:
+        opt.add(tape, p)
+    x, y = tape.const(data[0][0]), tape.const(data[0][1])
+    prog = tg.capture(tape, tape_loss(tape, P, x, y), backend=backend, fuse=fuse)
+    prog.attach(opt)
+    for xb, yb in data:
+        prog.episode({x: xb, y: yb})
+        yield np.concatenate([np.ravel(prog.value(p)) for p in P])
+
+
+def jax_run(cfg, data):
+    import optax
+    from interop import jax, jnp
+    tx = optax.adam(cfg["lr"])
+    with jax.enable_x64(True):
+        ps = [jnp.asarray(p) for p in init(cfg["sizes"])]
+        st = tx.init(ps)
+
+        @jax.jit
+        def step(ps, st, x, y):
+            g = jax.grad(jax_loss)(ps, x, y)
+            u, st = tx.update(g, st, ps)
+            return optax.apply_updates(ps, u), st
+        for x, y in data:
+            ps, st = step(ps, st, x, y)
+            yield np.concatenate([np.ravel(np.asarray(p)) for p in ps])
+
+
+def torch_run(cfg, data):
+    import torch
+    ps = [torch.tensor(p, requires_grad=True) for p in init(cfg["sizes"])]
+    opt = torch.optim.Adam(ps, lr=cfg["lr"])
+    for x, y in data:
+        h = torch.tensor(x)
+        for k in range(0, len(ps), 2):
+            h = h @ ps[k] + ps[k + 1]
+            if k + 2 < len(ps):
+                h = torch.relu(h)
+        loss = -(torch.tensor(y) * torch.log_softmax(h, dim=1)).sum(dim=1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        yield np.concatenate([p.detach().numpy().ravel() for p in ps])
+
+
+def runs(cfg, data):
+    """name -> a zero-argument function returning the list of flat parameters after each step."""
+    def limited(threads, gen):
+        def go():
+            with blas_threads(threads):
+                return list(gen())
+        return go
+    out = {
+        "eager tape": limited(2, lambda: eager_run(cfg, data)),
+        "eager tape, BLAS 1 thread": limited(1, lambda: eager_run(cfg, data)),
+        "NumPy replay": limited(2, lambda: program_run(cfg, data, "numpy")),
+        "native fused": limited(2, lambda: program_run(cfg, data, "native")),
+        "native unfused": limited(2, lambda: program_run(cfg, data, "native", fuse=False)),
+        "native fused, BLAS 1 thread": limited(1, lambda: program_run(cfg, data, "native")),
+        "jax.jit + optax": lambda: list(jax_run(cfg, data)),
+        "jax.jit + optax, again": lambda: list(jax_run(cfg, data)),
+    }
+    try:
+        import torch  # noqa: F401
+        out["PyTorch eager"] = lambda: list(torch_run(cfg, data))
+        out["PyTorch eager, again"] = lambda: list(torch_run(cfg, data))
+    except ImportError:
+        pass
+    return out
+
+
+def run(cfg, quiet=False):
+    data = batches(cfg)
+    todo = runs(cfg, data)
+    traj = {}
+    for i, (name, go) in enumerate(todo.items()):
+        traj[name] = go()
+        if not quiet:
+            bar(i + 1, len(todo), name)
+    ref = traj["eager tape"]
+    drift = {name: [float(np.abs(p - q).max() / np.abs(q).max()) for p, q in zip(t, ref)]
+             for name, t in traj.items()}
+    names = list(traj)
+    same = {(a, b): all(np.array_equal(p, q) for p, q in zip(traj[a], traj[b])) for a in names for b in names}
+    return {"cfg": cfg, "names": names, "drift": drift, "same": same}
+
+
+def markdown(r):
+    cfg, names, same, drift = r["cfg"], r["names"], r["same"], r["drift"]
+    lines = [f"MLP {'-'.join(map(str, cfg['sizes']))}, batch {cfg['batch']}, {cfg['steps']} Adam steps, float64. "
+             f"CPU: {cpu_model()}; BLAS: {blas_kernel()}", "",
+             "| run | bit-identical to the eager tape at every step | max rel. parameter difference from it at "
+             "the last step | bit-identical runs |", "|---|---|---:|---|"]
+    for a in names:
+        twins = [b for b in names if b != a and same[(a, b)]]
+        lines.append(f"| {a} | {'yes' if same[(a, 'eager tape')] else 'no'} | {drift[a][-1]:.1e} | "
+                     f"{', '.join(twins) or '—'} |")
+    if not any(n.startswith("PyTorch") for n in names):
+        lines += ["", "PyTorch is not installed here: its rows are skipped."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(r, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    for name, d in r["drift"].items():
+        if any(d):
+            ax.semilogy(np.maximum(d, 1e-18), label=name, lw=1)
+    ax.set(xlabel="step", ylabel="max rel. parameter difference from the eager tape",
+           title="the same training run, run differently (bit-identical runs are not drawn)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    args = ap.parse_args(argv)
+    r = run(QUICK if args.quick else FULL)
+    text = markdown(r)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "reproducibility.md"), "w") as f:
+        f.write(text)
+    plot(r, os.path.join(args.out, "reproducibility.png"))
+    print("\n" + text)
+    return r
+
+
+if __name__ == "__main__":
+    main()

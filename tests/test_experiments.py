@@ -1,0 +1,59 @@
+"""Each experiment's --quick mode, asserting its agreement claims (never its timings)."""
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))
+pytest.importorskip("interop")
+
+
+def test_transformer_three_ways():
+    import transformer
+    r = transformer.run(transformer.QUICK, out_dir=None, quiet=True)
+    log, pairs = r["log"], r["pairs"]
+    assert log["eager tape"]["loss"] == log["NumPy replay"]["loss"]          # bit for bit, every step
+    assert pairs[("eager tape", "NumPy replay")] == [0.0] * len(log["eager tape"]["loss"])
+    # libm (exp, log in softmax) and XLA's summation order: a few ulp per op, still far inside 1e-12
+    assert max(pairs[("eager tape", "native program")]) < 1e-12
+    assert max(pairs[("eager tape", "jax.jit + optax")]) < 1e-12
+    assert log["eager tape"]["loss"][-1] < log["eager tape"]["loss"][0]
+
+
+def test_fusion_study_fused_equals_unfused_with_fewer_kernels():
+    import fusion_study
+    import transformer
+    rows = fusion_study.run(fusion_study.QUICK_MLPS, transformer.QUICK, 1, 2, quiet=True)
+    for name, nodes, (unfused, fused), t, same in rows:
+        assert same, name
+        assert fused < unfused, (name, unfused, fused)
+
+
+def test_finetune_memory_lazy_constants_hold_the_frozen_weight_once():
+    import finetune_memory as F
+    n = 512
+    res, agree = F.measure((n,), quiet=True)
+    w = n * n * 8 / 2**20
+    eager, dropped, lazy = (res[(v, n)] for v in F.VARIANTS)
+    assert agree                                     # the same adapter, bit for bit, whichever way
+    assert lazy[0] <= eager[0] - 1.5 * w             # peak: no loaded copy and no tape copy
+    assert dropped[1] <= eager[1] - 0.9 * w and lazy[1] <= eager[1] - 0.9 * w   # held after training
+
+
+def test_reproducibility_claims():
+    import reproducibility as R
+    r = R.run(R.QUICK, quiet=True)
+    same, drift = r["same"], r["drift"]
+    for name in ("eager tape, BLAS 1 thread", "NumPy replay"):
+        assert same[(name, "eager tape")], name                  # the same rules in the same order
+    assert same[("native fused", "native unfused")]               # fusion never changes a bit
+    assert same[("jax.jit + optax", "jax.jit + optax, again")]    # XLA is deterministic run to run
+    for name, d in drift.items():
+        assert max(d) < 1e-12, (name, max(d))                     # and everyone stays within 1e-12
+
+
+def test_data_parallel_two_processes_two_devices_match_one_process():
+    import data_parallel as D
+    (nproc, ndev, diff, rate), = D.run([(2, 2)], D.QUICK, quiet=True)
+    assert diff <= D.BOUND, diff      # the all-reduce sums per-shard means in another order: not ==
+    assert rate > 0

@@ -1,7 +1,8 @@
 """The linear-algebra ops: JAX's flag semantics, bad input, replays == the tape, a Gaussian process.
 
 The registry suites (test_ops, test_oracle_ops, test_capture, test_native) already check every case
-of cholesky / triangular_solve / solve / logdet against finite differences, jax.vjp at rtol 1e-12, and
+of cholesky / triangular_solve / solve / logdet / logabsdet / det_sign against finite differences,
+jax.vjp at rtol 1e-12 (no op needs a looser bound: the test domains are well conditioned), and
 the NumPy and native replays; here: what those cannot see.
 """
 import math

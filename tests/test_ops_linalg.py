@@ -324,3 +324,26 @@ def test_gp_program_inside_jax_jit_is_the_tape():
     assert float(val) == float(tape.value(loss))
     for p, g in zip(params, grads):
         assert np.array_equal(np.asarray(g), tape.grad(p))
+
+
+def test_the_readme_gp_example_runs_and_is_right():
+    import pathlib
+    import re
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"### Linear algebra\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    tape, nll, x, y = scope["tape"], scope["nll"], scope["x"], scope["y"]
+
+    def closed_form(ell, var, noise):
+        K = var * np.exp(-0.5 * (x - x.T) ** 2 / ell) + noise * np.eye(20)
+        return 0.5 * (y.T @ np.linalg.solve(K, y)).item() + 0.5 * np.linalg.slogdet(K)[1] + 10 * np.log(2 * np.pi)
+    theta = [1.0, 1.0, 0.1]
+    assert abs(float(tape.value(nll)) - closed_form(*theta)) <= 1e-12 * abs(closed_form(*theta))
+    for k, name in enumerate(("ell", "var", "noise")):
+        h = 1e-6
+        up, down = list(theta), list(theta)
+        up[k] += h
+        down[k] -= h
+        fd = (closed_form(*up) - closed_form(*down)) / (2 * h)
+        assert abs(float(tape.grad(scope[name])) - fd) <= 1e-6 * max(1.0, abs(fd)), name

@@ -7,6 +7,8 @@ the NumPy and native replays; here: what those cannot see.
 """
 import math
 import os
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -327,8 +329,6 @@ def test_gp_program_inside_jax_jit_is_the_tape():
 
 
 def test_the_readme_gp_example_runs_and_is_right():
-    import pathlib
-    import re
     readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = re.search(r"### Linear algebra\n.*?```python\n(.*?)```", readme, re.S).group(1)
     scope = {}

@@ -243,7 +243,8 @@ def trisolve_fwd(a, b, s, out, ws):
 
 def trisolve_db(g, out, a, b, s, ws):
     # Giles 2008, "An extended collection of matrix derivative results for forward and reverse mode
-    # algorithmic differentiation", §2.3.1: X = op(A)⁻¹B ⇒ B̄ = op(A)⁻ᵀ X̄ (on the right side:
+    # algorithmic differentiation" (Oxford NA report 08/01), the matrix inverse product:
+    # X = op(A)⁻¹B ⇒ B̄ = op(A)⁻ᵀ X̄ (on the right side:
     # X = B op(A)⁻¹ ⇒ B̄ = X̄ op(A)⁻ᵀ): the same solve with the transpose flag flipped.
     left, lower, trans, unit = s
     la = lapack(a.dtype)
@@ -256,7 +257,7 @@ def trisolve_db(g, out, a, b, s, ws):
 
 
 def trisolve_da(g, out, a, b, s, ws):
-    # Giles 2008 §2.3.1: op(A)‾ = −B̄ Xᵀ (left) or −Xᵀ B̄ (right), B̄ as in trisolve_db; transposed back
+    # Giles 2008, inverse product: op(A)‾ = −B̄ Xᵀ (left) or −Xᵀ B̄ (right), B̄ as in trisolve_db; transposed back
     # when op(A) = Aᵀ, then restricted to the triangle the solve reads (strictly, with a unit diagonal).
     left, lower, trans, unit = s
     la = lapack(a.dtype)
@@ -308,7 +309,7 @@ def solve_bbar(g, a, ws):
 
 
 def solve_db(g, out, a, b, s, ws):
-    # Giles 2008 §2.3.1: X = A⁻¹B ⇒ B̄ = A⁻ᵀ X̄
+    # Giles 2008, inverse product: X = A⁻¹B ⇒ B̄ = A⁻ᵀ X̄
     yt = solve_bbar(g, a, ws)
     t = ws.take(b.shape)
     np.copyto(batches(t), yt.transpose(0, 2, 1))
@@ -316,7 +317,7 @@ def solve_db(g, out, a, b, s, ws):
 
 
 def solve_da(g, out, a, b, s, ws):
-    # Giles 2008 §2.3.1: Ā = −B̄ Xᵀ
+    # Giles 2008, inverse product: Ā = −B̄ Xᵀ
     la = lapack(a.dtype)
     yt = solve_bbar(g, a, ws)
     c = ws.take(a.shape)
@@ -356,7 +357,7 @@ def logdet_fwd(a, b, s, out, ws):
 
 
 def logdet_da(g, out, a, b, s, ws):
-    # Giles 2008 §2.2: d log det A = tr(A⁻¹ dA) ⇒ Ā = ḡ A⁻ᵀ; with A = (a + aᵀ)/2 symmetric, the inverse
+    # Giles 2008, determinant: d log det A = tr(A⁻¹ dA) ⇒ Ā = ḡ A⁻ᵀ; with A = (a + aᵀ)/2 symmetric, the inverse
     # (gesv on the identity) is symmetrised exactly, so the gradient is symmetric like cholesky's.
     la = lapack(a.dtype)
     n = a.shape[-1]
@@ -399,7 +400,7 @@ def logabsdet_fwd(a, b, s, out, ws):
 
 
 def logabsdet_da(g, out, a, b, s, ws):
-    # Giles 2008 §2.2: d log|det A| = tr(A⁻¹ dA) ⇒ Ā = ḡ A⁻ᵀ (gesv on the identity)
+    # Giles 2008, determinant: d log|det A| = tr(A⁻¹ dA) ⇒ Ā = ḡ A⁻ᵀ (gesv on the identity)
     la = lapack(a.dtype)
     n = a.shape[-1]
     A, G = batches(a), g.reshape(-1)

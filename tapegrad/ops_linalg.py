@@ -209,7 +209,7 @@ def cholesky_fwd(a, b, s, out, ws):
 
 
 def cholesky_da(g, out, a, b, s, ws):
-    # Murray 2016, "Differentiation of the Cholesky decomposition" (arXiv:1602.07527), eq. 10:
+    # Murray 2016, "Differentiation of the Cholesky decomposition" (arXiv:1602.07527), its reverse-mode result:
     # Σ̄ = L⁻ᵀ Φ(Lᵀ L̄) L⁻¹, Φ = the lower triangle with the diagonal halved; the input is symmetrised
     # first, A ↦ (A + Aᵀ)/2, so Ā = (Σ̄ + Σ̄ᵀ)/2. L̄ is tril(g): the zeros above L are constants.
     la = lapack(a.dtype)

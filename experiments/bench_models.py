@@ -10,7 +10,6 @@ A model is one entry of ``MODELS``: ``init`` (parameters), ``data`` (one batch),
 """
 import argparse
 import os
-import platform
 import sys
 
 import numpy as np
@@ -19,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tapegrad as tg  # noqa: E402
 from bench_eager import side_by_side  # noqa: E402
 from mlp import blas_kernel  # noqa: E402
+from progress import cpu_model  # noqa: E402
 
 LR = 1e-3
 
@@ -154,17 +154,6 @@ def jax_step(m):
         val.block_until_ready()
         state[0], state[1] = ps, st
     return run
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main():

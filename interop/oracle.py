@@ -22,7 +22,7 @@ Everything runs inside a scoped ``jax.enable_x64(True)``: the caller's configura
 """
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -230,7 +230,8 @@ def _prepare(f, args, argnums, has_aux):
 
 # ── check_grads ──────────────────────────────────────────────────────────────
 
-def check_grads(f, *args, argnums=None, has_aux=False, rtol=1e-12, seed=0):
+def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
+                has_aux: bool = False, rtol: float = 1e-12, seed: int = 0) -> GradReport:
     """Check ``jax.grad(f, argnums, has_aux)`` against tapegrad's reverse sweep of ``f``'s jaxpr.
 
     ``f`` is a scalar-valued JAX function (``jax.numpy``, ``lax``, ``jax.nn``, control flow,
@@ -254,7 +255,8 @@ def check_grads(f, *args, argnums=None, has_aux=False, rtol=1e-12, seed=0):
         return _check(f, args, argnums, has_aux, rtol, seed)
 
 
-def assert_grads(f, *args, argnums=None, has_aux=False, rtol=1e-12, seed=0, allow_kinks=True):
+def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
+                 has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, allow_kinks: bool = True) -> GradReport:
     """Like ``check_grads`` but raises ``GradientMismatchError`` (an ``AssertionError``) with the report.
 
     The form of ``jax.test_util.check_grads``; returns the report when the gradients agree (or

@@ -128,7 +128,7 @@ class Program:
         self.compute = [k for k in range(n) if self.nodes[k][0].arity]
         self.params = [k for k in range(n) if self.nodes[k][0] is O.param]
         self.consts = [k for k in range(n) if self.nodes[k][0] is O.const]
-        named = {v.id: name for name, v in tape.names().items()}
+        named = self._given = {v.id: name for name, v in tape.names().items()}   # names the user gave
         # every parameter's name, in registration order: its tape name, else param_<k>
         self.param_names = [named.get(i, f"param_{k}") for k, i in enumerate(self.params)]
         self._by_name = dict(zip(self.param_names, self.params))
@@ -217,18 +217,21 @@ class Program:
                                       f"{self.param_names}")
             return i
         if type(var) is not Var:
-            raise TypeError(f"{what}: expected a Var of the captured tape or a parameter name, got "
-                            f"{type(var).__name__}")
+            raise TypeError(f"{what}: expected a Var of the captured tape, got {type(var).__name__}")
         i = var.id
         if var.tape is not self._tape() or not 0 <= i < len(self.nodes) or var.epoch != self.epochs[i]:
             raise ForeignVarError(f"{at(what, i)}: this Var is not a node of the captured episode (another tape, "
                                   f"or created after the capture); pass the Vars the captured episode used")
         return i
 
+    def name_suffix(self, i):
+        """`` ('W1')`` for a parameter the user named on the tape, else empty: how messages add a name."""
+        name = self._given.get(i)
+        return "" if name is None else f" ({name!r})"
+
     def _label(self, i):
-        """``param 'W1' node 3`` (named parameters) or ``const node 5``: how messages name a slot."""
-        op = self.nodes[i][0].name
-        return f"{op} {self.param_names[self.params.index(i)]!r} node {i}" if op == "param" else f"{op} node {i}"
+        """``param node 3 ('W1')`` or ``const node 5``: how messages name a slot."""
+        return f"{self.nodes[i][0].name} node {i}{self.name_suffix(i)}"
 
     def set_input(self, var: Slot, array: ArrayLike) -> None:
         """Fresh values for a constant (a minibatch, a lazy constant) or a parameter; copied in.
@@ -417,8 +420,8 @@ class Program:
                     raise TapeError(f"load_optimizer_state: expected {len(o.ids)} '{key}' arrays")
                 for k, a in enumerate(arrays):
                     if np.shape(a) != self.shapes[o.ids[k]]:
-                        raise ShapeError(f"load_optimizer_state: {key}[{k}] ({self._label(o.ids[k])}) must have shape "
-                                         f"{self.shapes[o.ids[k]]}, got {np.shape(a)}")
+                        raise ShapeError(f"load_optimizer_state: {key}[{k}]{self.name_suffix(o.ids[k])} must have "
+                                         f"shape {self.shapes[o.ids[k]]}, got {np.shape(a)}")
             for key in ("mu", "nu"):
                 for have, new in zip(getattr(o, key), state[key]):
                     np.copyto(have, new, casting="unsafe")

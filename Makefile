@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench mutants clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +17,20 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests tapegrad interop
+
+# Mutation testing (docs/testing.md): mutmut per core module with its own tests, then hand-written C
+# mutations. Not part of make test; under an hour on 2 cores. MUTANTS="tape optim" runs some modules only.
+MSTAMP  := $(VENV)/.installed-mutants
+MUTANTS ?=
+
+$(MSTAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[mutants]"
+	touch $(MSTAMP)
+
+mutants: $(MSTAMP)
+	nice $(BIN)/python tools/mutants.py $(MUTANTS)
+	nice $(BIN)/python tools/c_mutants.py
+	$(BIN)/python tools/mutants.py --report
 
 # This machine pins OpenBLAS to its Haswell kernels (OPENBLAS_CORETYPE) for old builds' sake; a
 # current NumPy runs AVX-512 GEMMs without it. Benchmarks only: tests and CI keep the setting.

@@ -108,12 +108,22 @@ def step_fns(name):
     import optax
     prog, ps, xb, yb = setup(name)
     x, y = jnp.asarray(xb), jnp.asarray(yb)
-    ep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1, 2))
+    ep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
     st = [interop.episode_state(prog)]
 
     def run_ep():
         loss, *s = ep(*st[0], (x, y))
         st[0] = s
+        loss.block_until_ready()
+
+    eppos = jax.jit(interop.program_episode(prog).positional, donate_argnums=(0, 1, 2))
+    sp0 = interop.episode_state(prog)
+    stp = [(tuple(sp0[0][n] for n in prog.param_names), tuple(a for pair in zip(sp0[1].mu.values(), sp0[1].nu.values())
+                                                           for a in pair), sp0[1].count.astype(prog.dtype))]
+
+    def run_eppos():
+        loss, *s = eppos(*stp[0], (x, y))
+        stp[0] = s
         loss.block_until_ready()
 
     epf = jax.jit(interop.program_episode(prog, flat=True), donate_argnums=0)
@@ -139,7 +149,8 @@ def step_fns(name):
         loss.block_until_ready()
 
     fns = {"program_episode in jit (FFI, flat state)": run_epf,
-           "program_episode in jit (FFI, one operand per array)": run_ep,
+           "program_episode in jit (FFI, named state, one operand per array)": run_ep,
+           "program_episode in jit (FFI, positional tuples, one operand per array)": run_eppos,
            "jax.jit(value_and_grad + optax.adam)": run_j}
     if name in ("tiny", "small"):
         pc = jax.jit(pure_callback_episode(prog))

@@ -9,6 +9,10 @@ import pytest
 import tapegrad as tg
 
 interop = pytest.importorskip("interop")
+chex = pytest.importorskip("chex")
+optax = pytest.importorskip("optax")
+from absl.testing import parameterized  # noqa: E402  (installed with chex)
+
 from interop import ProgramError, jax, jnp  # noqa: E402
 from interop import program as P  # noqa: E402
 
@@ -24,12 +28,21 @@ def model(tape, W, b, x, y):
 
 
 def build(backend, optimizer=False):
+    """The model's program; W is named "W", b keeps the default name "param_1"."""
     tape = tg.Tape()
-    W, b = tape.param(W0), tape.param(B0)
+    W, b = tape.param(W0, name="W"), tape.param(B0)
     x, y = tape.const(DATA[0][0]), tape.const(DATA[0][1])
     loss = model(tape, W, b, x, y)
     opt = None
-    if optimizer:
+    if optimizer == "plain":     # optax.adam's exact twin
+        opt = tg.Adam(1e-2)
+        opt.add(tape, W)
+        opt.add(tape, b)
+    elif optimizer == "sgd":
+        opt = tg.SGD(0.1)
+        opt.add(tape, W)
+        opt.add(tape, b)
+    elif optimizer:
         opt = tg.Adam(1e-2, clip=1.0)
         opt.add(tape, W, l2=1e-3)
         opt.add(tape, b)
@@ -54,19 +67,61 @@ ARGS = (jnp.asarray(W0), jnp.asarray(B0), jnp.asarray(DATA[1][0]), jnp.asarray(D
 
 
 def close(a, b, rtol=1e-12):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=rtol * float(np.abs(b).max() + 1e-300))
+    """Trees of equal structure, every leaf within ``rtol`` of ``b``'s (atol: rtol × that leaf's max |b|)."""
+    jax.tree.map(lambda x, y: chex.assert_trees_all_close(
+        x, y, rtol=rtol, atol=rtol * float(np.abs(np.asarray(y)).max() + 1e-300)), a, b)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_value_and_grad_in_jit_match_the_tape(backend):
-    (loss, (gW, gb)) = VG[backend](*ARGS)
-    l0, gW0, gb0 = tape_reference(DATA[1][0], DATA[1][1])
-    if backend == "numpy":  # the NumPy replay is bit-identical to the tape
-        assert float(loss) == l0 and (np.asarray(gW) == gW0).all() and (np.asarray(gb) == gb0).all()
-    close(loss, l0)
-    close(gW, gW0)
-    close(gb, gb0)
-    assert CALLS[backend].native == (backend == "native")
+class JitAndEagerTest(chex.TestCase):
+    """The same program functions jitted and called eagerly: each against the tape, within its tier."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*BACKENDS)
+    def test_value_and_grad_match_the_tape(self, backend):
+        loss, grads = self.variant(jax.value_and_grad(CALLS[backend], (0, 1)))(*ARGS)
+        want = tape_reference(DATA[1][0], DATA[1][1])
+        if backend == "numpy":  # the NumPy replay is bit-identical to the tape
+            chex.assert_trees_all_equal((loss, grads), (np.float64(want[0]), want[1:]))
+        close((loss, grads), (np.float64(want[0]), want[1:]))
+        assert CALLS[backend].native == (backend == "native")
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*BACKENDS)
+    def test_episode_step_matches_the_tape(self, backend):
+        prog = build(backend, optimizer=True)
+        step = self.variant(interop.program_episode(prog))
+        params, state = interop.episode_state(prog)
+        tape, W, b, opt, mark = _tape_twin()
+        for x, y in DATA[:3]:
+            loss, params, state = step(params, state, (jnp.asarray(x), jnp.asarray(y)))
+            ref = model(tape, W, b, tape.const(x), tape.const(y))
+            tape.backward(ref)
+            opt.step()
+            want = (tape.value(ref).reshape(()), {"W": tape.value(W), "param_1": tape.value(b)})
+            if backend == "numpy":
+                chex.assert_trees_all_equal((loss, params), want)
+            close((loss, params), want, rtol=1e-11)
+            tape.reset_to(mark)
+        assert int(state.count) == 3 and state.count.dtype == np.int32
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_flatten_and_unflatten_are_inverse_bit_for_bit(self):
+        prog = build(BACKENDS[0], optimizer=True)
+        named = interop.episode_state(prog)
+        flat = self.variant(lambda p, s: interop.flatten_state(prog, p, s))(*named)
+        chex.assert_trees_all_equal(flat, interop.episode_state(prog, flat=True))
+        back = self.variant(lambda f: interop.unflatten_state(prog, f))(flat)
+        chex.assert_trees_all_equal(back, named)
+
+
+def _tape_twin():
+    """The eager tape + Adam that ``build(..., optimizer=True)`` captures, for step-by-step references."""
+    tape = tg.Tape()
+    W, b = tape.param(W0), tape.param(B0)
+    opt = tg.Adam(1e-2, clip=1.0)
+    opt.add(tape, W, l2=1e-3)
+    opt.add(tape, b)
+    return tape, W, b, opt, tape.mark()
 
 
 @pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
@@ -74,8 +129,7 @@ def test_callback_fallback_gives_the_same_bits_as_the_ffi_handler():
     host = interop.program_call(PROGS["native"], native=False)
     a = VG["native"](*ARGS)
     b = jax.jit(jax.value_and_grad(host, (0, 1)))(*ARGS)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        assert (np.asarray(x) == np.asarray(y)).all()
+    chex.assert_trees_all_equal(a, b)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -98,7 +152,7 @@ def test_wrong_arguments_raise_clear_errors():
     f = CALLS[BACKENDS[0]]
     with pytest.raises(ProgramError, match=r"inputs\[0\] must have shape \(5, 4\)"):
         f(ARGS[0], ARGS[1], jnp.ones((6, 4)), ARGS[3])
-    with pytest.raises(ProgramError, match="must be float64"):
+    with pytest.raises(ProgramError, match=r"params\[0\] \('W'\) must be float64"):
         f(ARGS[0].astype(np.float32), *ARGS[1:])
     with pytest.raises(ProgramError, match="expected 2 inputs"):
         f(*ARGS[:3])
@@ -134,36 +188,90 @@ def test_unloaded_program_is_an_xla_error_not_a_crash():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_episode_in_jit_updates_in_place_and_matches_the_tape(backend):
     prog = build(backend, optimizer=True)
-    step = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1, 2))
-    params, state, count = interop.episode_state(prog)
-    tape = tg.Tape()
-    W, b = tape.param(W0), tape.param(B0)
-    opt = tg.Adam(1e-2, clip=1.0)
-    opt.add(tape, W, l2=1e-3)
-    opt.add(tape, b)
-    mark = tape.mark()
+    step = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
+    params, state = interop.episode_state(prog)
+    tape, W, b, opt, mark = _tape_twin()
+    def arrays(params, state):   # everything but the 0-d int32 count (converted to the program's dtype)
+        return [a.unsafe_buffer_pointer() for a in jax.tree.leaves((params, state.mu, state.nu))]
+
     for x, y in DATA:
-        before = params[0].unsafe_buffer_pointer()
-        loss, params, state, count = step(params, state, count, (jnp.asarray(x), jnp.asarray(y)))
-        assert params[0].unsafe_buffer_pointer() == before  # donated and aliased: updated in place
+        before = arrays(params, state)
+        loss, params, state = step(params, state, (jnp.asarray(x), jnp.asarray(y)))
+        assert arrays(params, state) == before   # donated and aliased: updated in place
         ref = model(tape, W, b, tape.const(x), tape.const(y))
         tape.backward(ref)
         opt.step()
         if backend == "numpy":
             assert float(loss) == float(tape.value(ref))
-        close(loss, tape.value(ref))
+        close(loss, tape.value(ref).reshape(()))
         tape.reset_to(mark)
-    assert float(count) == len(DATA)
-    for got, want in zip(params + state, [tape.value(W), tape.value(b), opt.mu[0], opt.nu[0], opt.mu[1], opt.nu[1]]):
-        if backend == "numpy":
-            assert (np.asarray(got) == want).all()
-        close(got, want, rtol=1e-11)
+    want = ({"W": tape.value(W), "param_1": tape.value(b)},
+            optax.ScaleByAdamState(count=np.int32(len(DATA)), mu={"W": opt.mu[0], "param_1": opt.mu[1]},
+                                   nu={"W": opt.nu[0], "param_1": opt.nu[1]}))
+    if backend == "numpy":
+        chex.assert_trees_all_equal((params, state), want, strict=True)
+    close((params, state), want, rtol=1e-11)
+
+
+def test_episode_state_is_named_and_shaped_as_optax():
+    prog = build(BACKENDS[0], optimizer="plain")
+    params, state = interop.episode_state(prog)
+    assert list(params) == ["W", "param_1"] == prog.param_names
+    assert type(state) is optax.ScaleByAdamState and state.count.dtype == np.int32 and int(state.count) == 0
+    want = optax.adam(1e-2).init(params)[0]   # optax's own initial state for the same parameters
+    chex.assert_trees_all_equal(state, want, strict=True)
+    chex.assert_trees_all_equal(params, {"W": W0, "param_1": B0})
+    sgd = build(BACKENDS[0], optimizer="sgd")
+    assert interop.episode_state(sgd)[1] == interop.SGDState(count=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_goes_to_optax_and_back(backend):
+    """Episode, then one optax.adam update on the program's gradient, then episodes again on optax's state:
+    the same as episodes throughout (bit for bit on the NumPy replay, whose Adam is optax's op for op)."""
+    prog, ref = build(backend, optimizer="plain"), build(backend, optimizer="plain")
+    step = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
+    ref_step = jax.jit(interop.program_episode(ref), donate_argnums=(0, 1))
+    grad = jax.grad(interop.program_call(prog), (0, 1))
+    tx = optax.adam(1e-2)
+    params, state = interop.episode_state(prog)
+    rparams, rstate = interop.episode_state(ref)
+    for k, (x, y) in enumerate(DATA[:4]):
+        xy = (jnp.asarray(x), jnp.asarray(y))
+        if k == 1:
+            g = dict(zip(prog.param_names, grad(params["W"], params["param_1"], *xy)))
+            updates, (state, _) = tx.update(g, (state, optax.EmptyState()), params)   # optax, op by op
+            params = optax.apply_updates(params, updates)
+        else:
+            _, params, state = step(params, state, xy)
+        _, rparams, rstate = ref_step(rparams, rstate, xy)
+    assert type(state) is optax.ScaleByAdamState and int(state.count) == 4
+    chex.assert_tree_all_finite((params, state))   # NaNs would compare equal below
+    if backend == "numpy":
+        chex.assert_trees_all_equal((params, state), (rparams, rstate), strict=True)
+    close((params, state), (rparams, rstate), rtol=1e-11)
+
+
+def test_named_state_errors_name_the_parameter():
+    prog = build(BACKENDS[0], optimizer=True)
+    step = interop.program_episode(prog)
+    params, state = interop.episode_state(prog)
+    xy = (jnp.asarray(DATA[0][0]), jnp.asarray(DATA[0][1]))
+    with pytest.raises(ProgramError, match=r"params must have the keys \['W', 'param_1'\]; missing \['param_1'\], "
+                                           r"unexpected \['b'\]"):
+        step({"W": params["W"], "b": params["param_1"]}, state, xy)
+    with pytest.raises(ProgramError, match=r"opt_state.nu\['W'\] must be float64\[4, 3\] .* got float64\[3, 4\]"):
+        step(params, state._replace(nu={**state.nu, "W": state.nu["W"].T}), xy)
+    with pytest.raises(ProgramError, match="opt_state must have a 'count' field"):
+        step(params, (state.mu, state.nu), xy)
+    with pytest.raises(ProgramError, match="params must be a dict"):
+        step(tuple(params.values()), state, xy)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_flat_episode_equals_the_separate_layout(backend):
     prog = build(backend, optimizer=True)
-    sep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1, 2))
+    sep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
     flat = jax.jit(interop.program_episode(prog, flat=True), donate_argnums=0)
     s1, s2 = interop.episode_state(prog), interop.episode_state(prog, flat=True)
     for x, y in DATA[:4]:
@@ -171,9 +279,7 @@ def test_flat_episode_equals_the_separate_layout(backend):
         before = s2.unsafe_buffer_pointer()
         l2, s2 = flat(s2, (jnp.asarray(x), jnp.asarray(y)))
         assert float(l1) == float(l2) and s2.unsafe_buffer_pointer() == before
-    p2, st2, c2 = interop.unflatten_state(prog, s2)
-    for a, b in zip(s1[0] + s1[1] + (s1[2],), p2 + st2 + (c2,)):
-        assert (np.asarray(a) == np.asarray(b)).all()
+    chex.assert_trees_all_equal(interop.unflatten_state(prog, s2), tuple(s1), strict=True)
     with pytest.raises(ProgramError, match=r"state\[0\] must have shape"):
         flat(s2[:-1], (jnp.asarray(DATA[0][0]), jnp.asarray(DATA[0][1])))
 

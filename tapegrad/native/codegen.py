@@ -92,7 +92,11 @@ class Emitter:
                 raise TapeError(f"{at(op.name, k)}: the native backend has no C form of this elementwise op "
                                 f"(its registry entry lacks c_fwd); use backend='numpy'")
         fwd, bwd = self.forward_body(), self.backward_body()
-        out = [prologue(p.dtype, self.blas_bits, self.small_mm), runtime_source(), ""] + self.helpers
+        out = [prologue(p.dtype, self.blas_bits, self.small_mm)]
+        rank = max([len(sh) for sh in p.shapes] + [0])
+        if rank > 8:   # the runtime's index arrays are sized by the program's largest rank: no fixed limit
+            out.append(f"#define TG_MAXD {rank}")
+        out += [runtime_source(), ""] + self.helpers
         out += self.function("tg_forward", fwd)
         out += self.function("tg_backward", bwd)
         out += ["void tg_step(void *ctx)", "{", "    tg_opt_step((void **)ctx);", "}", "",

@@ -40,11 +40,12 @@ _SYMBOLS = (("scipy_{}_64_", 64), ("{}_64_", 64), ("scipy_{}_", 32), ("{}_", 32)
 def blas_pointers(dtype):
     """(gemm address, dot address, BLAS integer bits, where from) for ``dtype``.
 
-    First choice: the OpenBLAS NumPy itself is linked against (found in this process's memory map),
-    so one process runs one BLAS thread pool and a program's GEMMs are the very kernels the tape's
-    ``np.matmul`` calls. Two OpenBLAS pools on two cores (NumPy's and SciPy's builds) were measured
-    slowing each other down 10-200x. Fallback, or with ``TAPEGRAD_BLAS=scipy``: the function pointers
-    SciPy exports for Cython (``scipy.linalg.cython_blas``).
+    First choice: the BLAS NumPy itself is linked against (threadpoolctl reports the loaded BLAS
+    libraries and their paths; NumPy's is the one shipped with NumPy), so one process runs one BLAS
+    thread pool and a program's GEMMs are the very kernels the tape's ``np.matmul`` calls. Two
+    OpenBLAS pools on two cores (NumPy's and SciPy's builds) were measured slowing each other down
+    10-200x. Fallback, or with ``TAPEGRAD_BLAS=scipy``: the function pointers SciPy exports for
+    Cython (``scipy.linalg.cython_blas``).
     """
     key = np.dtype(dtype).name
     if key not in _BLAS:
@@ -89,14 +90,18 @@ def blas_core(dtype):
     return ""
 
 
-def _numpy_blas(pre):
+def loaded_blas():
+    """Paths of the BLAS libraries loaded in this process, as threadpoolctl reports them."""
     try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({line.split()[-1] for line in f if "blas" in line.rsplit("/", 1)[-1].lower()})
-    except OSError:
-        return None
-    for path in paths:
-        if not os.path.exists(path) or "numpy" not in path:
+        from threadpoolctl import threadpool_info
+    except ImportError:   # a dependency; without it the SciPy pointers still work
+        return []
+    return sorted({d["filepath"] for d in threadpool_info() if d.get("user_api") == "blas" and d.get("filepath")})
+
+
+def _numpy_blas(pre):
+    for path in loaded_blas():
+        if "numpy" not in path:
             continue
         try:
             lib = ctypes.CDLL(path)

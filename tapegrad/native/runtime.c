@@ -9,7 +9,9 @@
 #include <math.h>
 #include <string.h>
 
+#ifndef TG_MAXD   /* the largest rank in the program (codegen defines it when a program exceeds 8) */
 #define TG_MAXD 8
+#endif
 
 /* NumPy's pairwise summation (DOUBLE_pairwise_sum / FLOAT_pairwise_sum), contiguous input. */
 TG_FN real tg_pairwise(const real *a, long n)

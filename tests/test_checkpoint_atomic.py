@@ -1,0 +1,59 @@
+"""Checkpoints are atomic: a save that fails midway leaves the previous checkpoint loadable and no debris."""
+import os
+
+import numpy as np
+import pytest
+
+import tapegrad as tg
+
+
+def trained(seed):
+    rng = np.random.default_rng(seed)
+    tape = tg.Tape()
+    w = tape.param(rng.standard_normal((3, 2)))
+    opt = tg.Adam(0.1)
+    opt.add(tape, w)
+    tape.backward((w * w).sum())
+    opt.step()
+    return tape, w, opt
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_save_that_fails_midway_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    path = str(tmp_path / "ck.npz")
+    tape, w, opt = trained(0)
+    tg.save(path, tape, opt)
+    old = np.array(tape.value(w))
+
+    tape2, w2, opt2 = trained(1)
+    real_savez = np.savez
+
+    def half_written(f, **arrays):
+        f.write(b"PK\x03\x04 a torn zip")        # some bytes reach the file, then the writer dies
+        raise Interrupted("disk full")
+
+    monkeypatch.setattr(np, "savez", half_written)
+    with pytest.raises(Interrupted):
+        tg.save(path, tape2, opt2)
+    monkeypatch.setattr(np, "savez", real_savez)
+
+    assert os.listdir(tmp_path) == ["ck.npz"]      # the temporary file is gone too
+    tape3, w3, opt3 = trained(2)
+    tg.load(path, tape3, opt3)
+    assert np.array_equal(tape3.value(w3), old)
+    assert opt3.count == 1 and np.array_equal(opt3.mu[0], opt.mu[0])
+
+
+def test_a_failed_save_into_a_new_path_leaves_nothing(tmp_path, monkeypatch):
+    tape, _, opt = trained(0)
+
+    def broken(f, **arrays):
+        raise Interrupted("no space")
+
+    monkeypatch.setattr(np, "savez", broken)
+    with pytest.raises(Interrupted):
+        tg.save(str(tmp_path / "new.npz"), tape, opt)
+    assert os.listdir(tmp_path) == []

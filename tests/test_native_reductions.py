@@ -1,0 +1,134 @@
+"""Native reductions and fusion at their edges, compared with the tape bit for bit.
+
+- NumPy's pairwise sum changes method at 8 and 128 elements: blocks of exactly those sizes (and one
+  either side) must sum in NumPy's order.
+- max propagates NaN along both of the runtime's paths (reduced trailing block; kept trailing axis).
+- Tied maxima share the gradient equally (``[1, 3, 3] → [0, ½, ½]``) on the tape and every replay.
+- Two broadcast inputs receiving elementwise contributions in one backward segment must not share a
+  scratch row: each gets its own reduction.
+"""
+import numpy as np
+import pytest
+
+import tapegrad as tg
+
+RNG = np.random.default_rng(23)
+SIZES = (7, 8, 9, 16, 127, 128, 129, 256, 257, 300)
+
+
+def wild(shape):
+    """Values over eight decades: the order of summation shows in the last bits."""
+    return RNG.standard_normal(shape) * 10.0 ** RNG.integers(-4, 4, shape)
+
+
+def run(tape, loss, backend, fuse=True):
+    prog = tg.capture(tape, loss, backend=backend, fuse=fuse)
+    prog.forward()
+    prog.backward()
+    return prog
+
+
+def test_summation_order_is_observable_at_eight_elements():
+    rows = wild((6, 8))
+    sequential = [float(sum(r.tolist())) for r in rows]
+    assert np.add.reduce(rows, axis=1).tolist() != sequential
+
+
+def test_native_sums_of_blocks_at_the_pairwise_thresholds_equal_the_tape():
+    tape = tg.Tape()
+    items, loss = [], None
+    for n in SIZES:
+        whole = tape.param(wild(n))
+        rows = tape.param(wild((5, n)))
+        cols = tape.param(wild((n, 3)))
+        ys = [whole.sum(), rows.sum(axis=1), cols.sum(axis=0), rows.mean(axis=1)]
+        items += [(n, y) for y in ys]
+        for y in ys:
+            term = (y * tape.const(wild(y.shape))).sum()
+            loss = term if loss is None else loss + term
+    tape.backward(loss)
+    prog = run(tape, loss, "native")
+    for n, y in items:
+        assert np.array_equal(prog.value(y), tape.value(y)), (n, y.shape)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_max_propagates_nan_along_every_path(backend):
+    tape = tg.Tape()
+    nan = np.nan
+    whole = tape.param(np.array([1.0, nan, 5.0, 2.0, 7.0]))
+    first = tape.param(np.array([nan, 9.0, 3.0]))
+    rows = tape.param(np.array([[1.0, 2.0, nan, 0.5], [4.0, 3.0, 2.0, 1.0], [nan, 8.0, 9.0, 1.0]]))
+    cols = tape.param(np.array([[1.0, 2.0, 3.0], [nan, 0.0, 4.0], [2.0, nan, 1.0], [5.0, 1.0, 0.0]]))
+    ys = [whole.max(), first.max(), rows.max(axis=1), cols.max(axis=0), rows.max(axis=0)]
+    loss = ys[0]
+    for y in ys[1:]:
+        loss = loss + y.sum()
+    prog = tg.capture(tape, loss, backend=backend)
+    prog.forward()
+    want = [[nan], [nan], [nan, 4.0, nan], [nan, nan, 4.0], [nan, 8.0, nan, 1.0]]
+    for y, w in zip(ys, want):
+        assert np.array_equal(np.ravel(tape.value(y)), w, equal_nan=True)
+        assert np.array_equal(np.ravel(prog.value(y)), w, equal_nan=True), (backend, y.shape)
+
+
+@pytest.mark.parametrize("backend", ["tape", "numpy", "native"])
+def test_tied_maxima_share_the_gradient_equally(backend):
+    tape = tg.Tape()
+    a = tape.param(np.array([1.0, 3.0, 3.0]))
+    m = tape.param(np.array([[2.0, 2.0, 2.0, 1.0], [0.0, 5.0, 1.0, 5.0]]))
+    c = tape.param(np.array([[1.0, 4.0], [1.0, 4.0], [0.5, 4.0]]))
+    loss = a.max() + (m.max(axis=1) * tape.const(np.array([3.0, 1.0]))).sum() + c.max(axis=0).sum()
+    tape.backward(loss)
+    src = tape if backend == "tape" else run(tape, loss, backend)
+    assert np.array_equal(src.grad(a), [0.0, 0.5, 0.5])
+    assert np.array_equal(src.grad(m), [[1.0, 1.0, 1.0, 0.0], [0.0, 0.5, 0.0, 0.5]])
+    assert np.array_equal(src.grad(c), [[0.5, 1.0 / 3.0], [0.5, 1.0 / 3.0], [0.0, 1.0 / 3.0]])
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+def test_two_broadcast_inputs_in_one_fused_backward_segment_get_their_own_sums(fuse):
+    """t = x·b1; u = t·b2 with b1, b2 of shape (6,): both multiplications land in one backward segment,
+    and each bias row receives its own column sums."""
+    tape = tg.Tape()
+    x = tape.param(wild((4, 6)))
+    b1, b2 = tape.param(wild(6)), tape.param(wild(6))
+    u = (x * b1) * b2
+    loss = (u * tape.const(wild((4, 6)))).sum()
+    tape.backward(loss)
+    prog = run(tape, loss, "native", fuse=fuse)
+    for v in (x, b1, b2, u):
+        assert np.array_equal(prog.grad(v), tape.grad(v))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_max_of_negative_values_along_every_path(backend):
+    """A max accumulator must start below every value (at -inf), not at 0."""
+    tape = tg.Tape()
+    whole = tape.param(-RNG.uniform(1.0, 2.0, 9))
+    rows = tape.param(-RNG.uniform(1.0, 2.0, (3, 5)))
+    cols = tape.param(-RNG.uniform(1.0, 2.0, (4, 3)))
+    ys = [whole.max(), rows.max(axis=1), cols.max(axis=0), rows.max(axis=(0, 1), keepdims=True)]
+    loss = ys[0] + ys[1].sum() + ys[2].sum() + ys[3].sum()
+    tape.backward(loss)
+    prog = run(tape, loss, backend)
+    for y in ys:
+        assert np.all(tape.value(y) < 0) and np.array_equal(prog.value(y), tape.value(y))
+    for v in (whole, rows, cols):
+        assert np.array_equal(prog.grad(v), tape.grad(v))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_an_empty_inner_dimension_sums_to_zero(backend):
+    """(3, 0) @ (0, 4) is a sum over nothing: zeros, written even over a buffer that held other values."""
+    tape = tg.Tape()
+    a, b = tape.param(np.ones((3, 0))), tape.param(np.ones((0, 4)))
+    y = a @ b
+    loss = (y * tape.const(np.arange(12.0).reshape(3, 4))).sum()
+    tape.backward(loss)
+    prog = tg.capture(tape, loss, backend=backend)
+    prog.val[y.id][...] = 7.0          # stale values from an earlier episode must not survive
+    prog.forward()
+    prog.backward()
+    assert np.array_equal(prog.value(y), np.zeros((3, 4))) and float(prog.loss()) == 0.0
+    assert prog.grad(a).shape == (3, 0) and prog.grad(b).shape == (0, 4)

@@ -1,0 +1,195 @@
+"""Hand-written mutations of the C the native backend and the XLA handler run (``make mutants``).
+
+mutmut mutates Python only; the C runtime (``tapegrad/native/runtime.c``) and the FFI handler
+(``interop/tg_xla.c``) get this list of realistic single bugs instead: an off-by-one at a summation
+threshold, a dropped NaN check, a swapped operand, a missed bias correction. Each is applied to a
+scratch copy of the tree (``build/mutants/c/``), the listed tests run against it (stopping at the
+first failure), and the mutant counts as killed when they fail. A mutant that no longer compiles is
+reported as invalid (fix the mutation), never as killed.
+
+    python tools/c_mutants.py            # all of them
+    python tools/c_mutants.py 3 7        # some, by index
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "build", "mutants")
+RT, XLA = "tapegrad/native/runtime.c", "interop/tg_xla.c"
+NATIVE = ["tests/test_native_reductions.py", "tests/test_tape_sweep.py", "tests/test_optim_continuity.py",
+          "tests/test_fuse.py", "tests/test_native.py", "tests/test_capture_inputs.py"]
+INTEROP = ["tests/test_interop_edges.py", "tests/test_interop_program.py"]
+
+# (file, original text, mutated text, tests, what the bug is). Equivalent mutations carry "equivalent: why".
+MUTATIONS = [
+    (RT, "    if (n < 8) {", "    if (n <= 8) {", NATIVE, "pairwise sum: sequential path at exactly 8"),
+    (RT, "    if (n <= 128) {", "    if (n < 128) {", NATIVE, "pairwise sum: recursion at exactly 128"),
+    (RT, "    n2 -= n2 % 8;", "", NATIVE, "pairwise sum: split not rounded to a multiple of 8"),
+    (RT, "((r[4] + r[5]) + (r[6] + r[7]))", "((r[4] + r[6]) + (r[5] + r[7]))", NATIVE,
+     "pairwise sum: accumulators combined in another order"),
+    (RT, "        for (; i < n; i++)\n            res += a[i];\n        return res;",
+     "        return res;", NATIVE, "pairwise sum: the tail after the last block of 8 dropped"),
+    (RT, "mode == 1 ? -INFINITY :", "mode == 1 ? R(0.0) :", NATIVE,
+     "max reduction starts at 0 instead of -inf"),
+    (RT, "                    if (dst[j] == dst[j] && (src[j] > dst[j] || src[j] != src[j]))",
+     "                    if (src[j] > dst[j])", NATIVE, "max over a kept trailing axis ignores NaN"),
+    (RT, "                    if (m == m && ((mode == 1 ? p[i] > m : p[i] < m) || p[i] != p[i]))",
+     "                    if ((mode == 1 ? p[i] > m : p[i] < m))", NATIVE, "max over a reduced trailing block ignores NaN"),
+    (RT, "                    if (m == m && ((mode == 1 ? p[i] > m : p[i] < m) || p[i] != p[i]))",
+     "                    if (((mode == 1 ? p[i] > m : p[i] < m) || p[i] != p[i]))", NATIVE,
+     "equivalent: once m is NaN, p[i] > m is false, and p[i] != p[i] only sets m to another NaN"),
+    (RT, "                out[o] += tg_pairwise(p, inner);", "                out[o] = tg_pairwise(p, inner);", NATIVE,
+     "sum over a reduced block overwrites instead of accumulating over outer reduced axes"),
+    (RT, "                    dst[j] = dst[j] + src[j];", "                    dst[j] = src[j];", NATIVE,
+     "sum over a kept trailing axis overwrites instead of adding rows"),
+    (RT, "            o -= sst[k] * shape[k];", "            o -= sst[k] * (shape[k] - 1);", NATIVE,
+     "gather: wrong carry when an index wraps"),
+    (RT, "        dst[o] = first ? src[i] : dst[o] + src[i];", "        dst[o] = (first || 1) ? src[i] : dst[o] + src[i];", NATIVE,
+     "scatter: later contributions overwrite"),
+    (RT, "        memcpy(gbuf, c, (size_t)n * sizeof(real));", "        memset(gbuf, 0, (size_t)n * sizeof(real));",
+     NATIVE, "gradient accumulation: the first contribution is dropped"),
+    (RT, "            gbuf[i] = gbuf[i] + c[i];", "            gbuf[i] = c[i] + c[i];", NATIVE,
+     "gradient accumulation: adds the contribution twice instead of to the buffer"),
+    (RT, "        tg_fill(C, (long)m * n, R(0.0));\n        return;", "        return;", NATIVE,
+     "matmul with k = 0 leaves the output unwritten"),
+    (RT, "    char tA = ta ? 'T' : 'N', tB = tb ? 'T' : 'N';", "    char tA = ta ? 'T' : 'N', tB = ta ? 'T' : 'N';",
+     NATIVE, "matmul: b's transpose flag taken from a's"),
+    (RT, "                out[p] = a[p] - r[o * inner + i];", "                out[p] = a[p];", NATIVE,
+     "softmax without subtracting the max (overflows for large logits)"),
+    (RT, "                    c[p] = out[p] * t;", "                    c[p] = g[p] * t;", NATIVE,
+     "softmax backward multiplies by g instead of out"),
+    (RT, "                    c[p] = g[p] - t;", "                    c[p] = t - g[p];", NATIVE,
+     "logsoftmax backward with the sign flipped"),
+    (RT, "    double count = sc[0] + 1.0;", "    double count = sc[0];", NATIVE, "the step count does not advance"),
+    (RT, "        double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b2, count);",
+     "        double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b1, count);", NATIVE,
+     "Adam: the second bias correction uses b1"),
+    (RT, "            sc[1] = lr * sqrt(bc2) / bc1;", "            sc[1] = lr * sqrt(bc1) / bc2;", NATIVE,
+     "Adam (hat): bias corrections swapped"),
+    (RT, "        if (!p[6])\n            continue;\n        real *w = TG_B(p[0])",
+     "        real *w = TG_B(p[0])", NATIVE, "equivalent: preparing gt for an untouched parameter is harmless, the norm and update loops skip it"),
+    (RT, "                real t = l * w[i];\n                gt[i] = g[i] + t;",
+     "                real t = l * w[i];\n                gt[i] = g[i] - t;", NATIVE, "L2 term subtracted"),
+    (RT, "cmode == 0 ? norm >= maxn", "cmode == 0 ? norm > maxn", NATIVE, "optax clipping misses the exact limit"),
+    (RT, "cmode == 1 ? norm > maxn", "cmode == 1 ? norm >= maxn", NATIVE,
+     "equivalent: seed clipping at norm == maxn rescales by maxn/norm == 1.0 exactly"),
+    (RT, "                        real t = gt[i] / rn;\n                        gt[i] = t * rm;",
+     "                        real t = gt[i] * rm;\n                        gt[i] = t / rn;", NATIVE,
+     "optax clipping rounded in the seed's order"),
+    (RT, "            total += (double)dot(&n, TG_B(p[2]), &one, TG_B(p[2]), &one);",
+     "            total += (double)dot(&n, TG_B(p[1]), &one, TG_B(p[1]), &one);", NATIVE,
+     "clip norm measured on the raw gradient, without the L2 term"),
+    (RT, "                w[i] = w[i] - t;\n            }\n            continue;",
+     "                w[i] = w[i] + t;\n            }\n            continue;", NATIVE, "SGD steps uphill"),
+    (RT, "        if (!p[6])\n            continue;\n        real *restrict w = TG_B(p[0]);",
+     "        real *restrict w = TG_B(p[0]);", NATIVE, "untouched parameters are updated (PyTorch skips them)"),
+    (RT, "                t = t + re;\n                real u = m / bc1;", "                real u = m / bc1;", NATIVE,
+     "Adam (optax): eps dropped"),
+    (RT, "                t = RSQRT(v);\n                t = t + re;", "                t = RSQRT(v + re);", NATIVE,
+     "Adam (hat): eps inside the square root"),
+    (XLA, "      memcpy(s->ptr, (char *)x->data + b * s->n * es, s->n * es);",
+     "      memcpy(s->ptr, (char *)x->data, s->n * es);", INTEROP, "vmap: every batch element reads the first one"),
+    (XLA, "    memcpy((char *)((XLA_FFI_Buffer *)cf->rets.rets[0])->data + b * es, p->loss, es);",
+     "    memcpy((char *)((XLA_FFI_Buffer *)cf->rets.rets[0])->data, p->loss, es);", INTEROP,
+     "vmap: every loss written to element 0"),
+    (XLA, "      p->backward(p->ctx);", "      p->forward(p->ctx);", INTEROP, "value_and_grad never runs backward"),
+    (XLA, "  p->scalars[0] = es == 8 ? *(double *)cnt_in : (double)*(float *)cnt_in;",
+     "  p->scalars[0] = 0.0;", INTEROP, "episode ignores the count operand (Adam restarts its bias correction)"),
+    (XLA, "  if (es == 8) *(double *)cnt = p->scalars[0]; else *(float *)cnt = (float)p->scalars[0];",
+     "  if (es == 8) *(double *)cnt = p->scalars[0] - 1.0; else *(float *)cnt = (float)p->scalars[0];", INTEROP,
+     "episode returns the count before the step"),
+    (XLA, "    if (b->dtype != want) {", "    if (0) {", INTEROP, "operand dtype unchecked"),
+    (XLA, "  if (!n || b * n != e || (B >= 0 && b != B)) {", "  if (!n || (B >= 0 && b != B)) {", INTEROP,
+     "operand sizes that are not a multiple of the slot accepted"),
+    (XLA, "  while (p && p->hash != hash) p = p->next;", "  while (p && p->hash == hash) p = p->next;", INTEROP,
+     "program lookup finds the wrong entry"),
+    (XLA, "    if ((*q)->hash == (uint64_t)hash) { *q = (*q)->next; found = 1; break; }",
+     "    if ((*q)->hash == (uint64_t)hash) { found = 1; break; }", INTEROP, "unload leaves the program callable"),
+    (XLA, "    off += s->n * es;\n  }\n  char *cnt_in", "  }\n  char *cnt_in", INTEROP,
+     "flat episode reads every slot from offset 0"),
+]
+
+
+def tree_files():
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    return [f for f in out if f and f.split("/")[0] in ("tapegrad", "interop", "tests", "pyproject.toml")]
+
+
+def copy_tree(work):
+    shutil.rmtree(work, ignore_errors=True)
+    for f in tree_files():
+        if os.path.exists(os.path.join(ROOT, f)):
+            os.makedirs(os.path.dirname(os.path.join(work, f)) or work, exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, f), os.path.join(work, f))
+
+
+def run_one(work, k):
+    path, old, new, tests, what = MUTATIONS[k]
+    full = os.path.join(work, path)
+    with open(os.path.join(ROOT, path)) as f:
+        orig = f.read()
+    if orig.count(old) != 1:
+        return {"index": k, "file": path, "what": what, "status": "stale",
+                "detail": f"the original text occurs {orig.count(old)} times (update the mutation)"}
+    with open(full, "w") as f:
+        f.write(orig.replace(old, new))
+    env = {**os.environ, "PYTHONPATH": work, "TAPEGRAD_CACHE": os.path.join(OUT, "cache")}
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-W", "ignore",
+                            *tests], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+        text, rc = r.stdout + r.stderr, r.returncode
+    except subprocess.TimeoutExpired:
+        text, rc = "timeout", 124
+    finally:
+        with open(full, "w") as f:
+            f.write(orig)
+    if "BuildError" in text and ("error:" in text or "warning" in text):
+        status = "invalid"
+    elif rc == 0:
+        status = "survived"
+    else:
+        status = "killed"
+    failed = [ln for ln in text.splitlines() if ln.startswith(("FAILED", "ERROR"))][:1]
+    return {"index": k, "file": path, "what": what, "status": status, "detail": failed[0][:160] if failed else ""}
+
+
+def main():
+    pick = [int(a) for a in sys.argv[1:]] or range(len(MUTATIONS))
+    work = os.path.join(OUT, "c")
+    os.makedirs(OUT, exist_ok=True)
+    copy_tree(work)
+    t0 = time.time()
+    results = []
+    for k in pick:
+        r = run_one(work, k)
+        results.append(r)
+        print(f"[{k:2d}] {r['status']:9s} {r['file']}: {r['what']}  {r['detail']}", flush=True)
+    path = os.path.join(OUT, "c.json")
+    if sys.argv[1:] and os.path.exists(path):   # a partial rerun: keep the other mutations' last results
+        with open(path) as f:
+            earlier = {r["index"]: r for r in json.load(f)["results"]}
+        earlier.update({r["index"]: r for r in results})
+        results = [earlier[k] for k in sorted(earlier)]
+    equivalent = [r for r in results if r["what"].startswith("equivalent:")]
+    counted = [r for r in results if r not in equivalent and r["status"] in ("killed", "survived")]
+    killed = sum(r["status"] == "killed" for r in counted)
+    summary = {"killed": killed, "total": len(counted), "equivalent": len(equivalent),
+               "seconds": round(time.time() - t0), "results": results,
+               "survivors": [f"{r['file']} [{r['index']}]: {r['what']}" for r in counted if r["status"] == "survived"],
+               "invalid": [r for r in results if r["status"] in ("invalid", "stale")]}
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"C mutations: {killed} / {len(counted)} killed, {len(equivalent)} equivalent (not counted), "
+          f"{len(summary['invalid'])} invalid or stale, {summary['seconds']} s")
+    for s in summary["survivors"]:
+        print("  survived:", s)
+    return 1 if summary["invalid"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -30,6 +30,8 @@ from interop import program as P  # noqa: E402
 from interop.callback import copying_call  # noqa: E402
 from mlp import blas_kernel, cpu_model, init, jax_loss, tape_loss  # noqa: E402
 
+jax.config.update("jax_enable_x64", True)   # the programs compute in float64
+
 SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10)),
          "medium": (256, (784, 512, 512, 10)), "large": (1024, (1024, 2048, 2048, 1024))}
 

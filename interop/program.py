@@ -217,7 +217,7 @@ class _Sig:
                 raise ProgramError(f"{who}: expected {len(want)} {name} arrays {want}, got {len(got)}")
             for k, (s, x) in enumerate(zip(want, got)):
                 aval = jax.typeof(x)
-                label = f"{name}[{k}]" + (self.program.name_suffix(self.program.params[k]) if name == "params" else "")
+                label = f"{name}[{k}]" + (f" ({self.program.param_names[k]!r})" if name == "params" else "")
                 if tuple(aval.shape) != s:
                     raise ProgramError(f"{who}: {label} must have shape {s} (the captured shape), got "
                                        f"{tuple(aval.shape)}")

@@ -429,8 +429,8 @@ def test_episode_whose_parameter_is_also_an_input():
     prog, W = square_model("native", optimizer=True)
     runs = []
     for native in (True, False):
-        step = jax.jit(lambda p, s, f=interop.program_episode(prog, native=native):
-                       f(p, s, (p["param_0"], p["param_0"])))
+        f = interop.program_episode(prog, native=native)
+        step = jax.jit(lambda p, s, f=f: f(p, s, (p["param_0"], p["param_0"])))
         params, state = interop.episode_state(prog)
         out = []
         for _ in range(3):   # the parameter is read as both inputs while the step updates it

@@ -235,7 +235,7 @@ def _prepare(f, args, argnums, has_aux):
 
 # ── check_grads ──────────────────────────────────────────────────────────────
 
-def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[int, Sequence[int], None] = None,
+def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
                 has_aux: bool = False, rtol: float = 1e-12, seed: int = 0) -> GradReport:
     """Check ``jax.grad(f, argnums, has_aux)`` against tapegrad's reverse sweep of ``f``'s jaxpr.
 
@@ -260,7 +260,7 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[int, Sequence[
         return _check(f, args, argnums, has_aux, rtol, seed)
 
 
-def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[int, Sequence[int], None] = None,
+def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
                  has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, allow_kinks: bool = True) -> GradReport:
     """Like ``check_grads`` but raises ``GradientMismatchError`` (an ``AssertionError``) with the report.
 

@@ -401,6 +401,24 @@ log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_si
                                "softplus", "log_sigmoid"))
 
 
+softplus.__doc__ = """log(1 + eᵃ), elementwise, computed as max(a, 0) + log1p(e^−|a|): finite for every finite a,
+    with gradient sigmoid(a). ``log_sigmoid(a)`` is −softplus(−a), stable the same way.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([-1000.0, 0.0, 1000.0]))
+    >>> tape.value(tg.softplus(x)).tolist(), tape.value(tg.log_sigmoid(x)).tolist()
+    ([0.0, 0.6931471805599453, 1000.0], [-1000.0, -0.6931471805599453, 0.0])
+    """
+log1p.__doc__ = """log(1 + a), elementwise, exact for tiny a where log(1 + a) would round to 0 (``expm1`` likewise).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> float(tape.value(tg.log1p(tape.param(np.array(1e-20)))))
+    1e-20
+    """
+
+
 def atan2(a, b):
     """The angle of the point (b, a) in (−π, π], elementwise and broadcasting, as ``numpy.arctan2(a, b)``.
 

@@ -2,7 +2,8 @@
 
 One MLP (64-128-128-10, batch 64, Adam, float64) trained for N steps from one start on the same
 batches: on the eager tape, as a NumPy replay, as native programs fused and unfused, with BLAS on one
-thread and on two, inside jax.jit as one custom call per step, and — as reference points —
+thread and on two, inside jax.jit as one custom call per step, in ordered mode (every product and sum
+serial in index order, no FMA: ``Tape(ordered=True)``), and — as reference points —
 jax.jit(value_and_grad + optax.adam) run twice and
 PyTorch eager where it is installed. Per step, each run's largest relative parameter difference from
 the eager tape; at the end, which pairs are bit-identical. Writes experiments/out/reproducibility.png
@@ -39,8 +40,8 @@ def blas_threads(n):
     return threadpool_limits(n, "blas")
 
 
-def eager_run(cfg, data):
-    tape = tg.Tape()
+def eager_run(cfg, data, ordered=False):
+    tape = tg.Tape(ordered=ordered)
     P = [tape.param(p) for p in init(cfg["sizes"])]
     opt = tg.Adam(cfg["lr"])
     for p in P:
@@ -53,8 +54,8 @@ def eager_run(cfg, data):
         yield np.concatenate([np.ravel(tape.value(p)) for p in P])
 
 
-def program_run(cfg, data, backend, fuse=True):
-    tape = tg.Tape()
+def program_run(cfg, data, backend, fuse=True, ordered=False):
+    tape = tg.Tape(ordered=ordered)
     P = [tape.param(p) for p in init(cfg["sizes"])]
     opt = tg.Adam(cfg["lr"])
     for p in P:
@@ -138,6 +139,9 @@ def runs(cfg, data):
         "native unfused": limited(2, lambda: program_run(cfg, data, "native", fuse=False)),
         "native fused, BLAS 1 thread": limited(1, lambda: program_run(cfg, data, "native")),
         "native program_episode in jax.jit": limited(1, lambda: jit_episode_run(cfg, data)),
+        "ordered: eager tape": limited(2, lambda: eager_run(cfg, data, ordered=True)),
+        "ordered: NumPy replay": limited(2, lambda: program_run(cfg, data, "numpy", ordered=True)),
+        "ordered: native fused": limited(2, lambda: program_run(cfg, data, "native", ordered=True)),
         "jax.jit + optax": lambda: list(jax_run(cfg, data)),
         "jax.jit + optax, again": lambda: list(jax_run(cfg, data)),
     }

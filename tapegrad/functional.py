@@ -972,7 +972,7 @@ def triangular_solve(a, b, left_side=True, lower=True, transpose_a=False, unit_d
 
 
 def solve(a, b):
-    """x with a·x = b for a square ``a`` (…, n, n): LU with partial pivoting (LAPACK ``getrf`` + ``getrs``).
+    """x with a·x = b for a square ``a`` (…, n, n): LU with partial pivoting (LAPACK ``gesv``).
 
     ``b`` is (…, n, k) with a's batch axes, or a vector (n,) when ``a`` is one matrix (NumPy 2's rule).
     An exactly singular ``a`` raises ``tapegrad.DomainError`` (tape unchanged).
@@ -1002,7 +1002,7 @@ def logdet(a):
     """log det of a symmetric positive definite matrix, 2·Σ log diag L with L = cholesky(a).
 
     ``a`` is (…, n, n) (read as (a + aᵀ)/2, like ``cholesky``); the result has the batch shape. The
-    gradient is g·a⁻¹ (LAPACK ``potri``). A matrix that is not positive definite raises
+    gradient is g·a⁻¹ (LAPACK ``gesv`` on the identity). A matrix that is not positive definite raises
     ``tapegrad.DomainError``; ``slogdet`` takes general matrices (LU).
 
     >>> import numpy as np, tapegrad as tg

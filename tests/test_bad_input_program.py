@@ -185,7 +185,7 @@ def test_bad_program_input_raises_and_changes_nothing(prog, case):
 
 def test_capture_errors():
     tape, w, b, x, m, loss, opt = model()
-    raises_cleanly(CE, r"capture: backend must be one of \('numpy', 'native'\), got 'cuda'",
+    raises_cleanly(CE, r"capture: backend must be one of \('numpy', 'native', 'cupy'\), got 'cuda'",
                    lambda: tg.capture(tape, loss, backend="cuda"), lambda: tape_state(tape))
     raises_cleanly(D, r"capture: dtype must be float64 or float32, got int32", lambda: tg.capture(tape, loss, dtype="int32"),
                    lambda: tape_state(tape))

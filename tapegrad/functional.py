@@ -191,16 +191,13 @@ def transpose(a: Var, axes: Any = None) -> Var:   # None, an int, or a sequence 
     if a.id < 0:
         return a
     if axes is not None:
-        try:
-            axes = tuple(axes)
-        except TypeError:
-            axes = (axes,)
+        given: tuple = tuple(axes) if isinstance(axes, (tuple, list, range, np.ndarray)) else (axes,)
         if not builtins.all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) and -a.ndim <= k < a.ndim
-                            for k in axes):
+                            for k in given):
             return a.tape._fail(ShapeError(f"{at('transpose', len(a.tape))}: axes must be ints in [-{a.ndim}, "
                                            f"{a.ndim}) for an input of shape {a.shape}, got {axes!r}"))
-    axes = tuple(reversed(range(a.ndim))) if axes is None else tuple(int(k) % builtins.max(a.ndim, 1) for k in axes)
-    return a.tape.apply(O.transpose, a, None, axes)
+    perm = tuple(reversed(range(a.ndim))) if axes is None else tuple(int(k) % builtins.max(a.ndim, 1) for k in given)
+    return a.tape.apply(O.transpose, a, None, perm)
 
 
 def reshape(a: Var, *shape: Any) -> Var:

@@ -168,15 +168,14 @@ def test_reattaching_an_optimizer_after_jit_uses_the_new_state():
 def test_reattaching_another_configuration_makes_old_executables_fail_loudly():
     tape, w, p = reattach_model("native")
     step = jax.jit(interop.program_episode(p))
-    args = interop.episode_state(p) + (interop.program_inputs(p),)
-    step(*args)
+    step(*interop.episode_state(p), interop.program_inputs(p))
     other = tg.Adam(0.5)
     other.add(tape, w)
     p.attach(other)                               # another hash: the old executable's entry is gone
     with pytest.raises(Exception, match=r"is not loaded in this process"):
-        jax.block_until_ready(step(*(interop.episode_state(p) + (interop.program_inputs(p),))))
+        jax.block_until_ready(step(*interop.episode_state(p), interop.program_inputs(p)))
     fresh = jax.jit(interop.program_episode(p))
-    loss, *_ = fresh(*(interop.episode_state(p) + (interop.program_inputs(p),)))
+    loss, *_ = fresh(*interop.episode_state(p), interop.program_inputs(p))
     assert np.isfinite(float(loss))
 
 

@@ -37,7 +37,8 @@ def test_a_file_of_another_format_is_named(tmp_path):
     path = str(tmp_path / "other.npz")
     np.savez(path, meta=np.array(json.dumps({"format": "not-ours-2"})))
     tape, ps = fresh()
-    with pytest.raises(tg.TapeError, match=rf"load: {path} is not a tapegrad-checkpoint-1 file \(format 'not-ours-2'\)$"):
+    with pytest.raises(tg.CheckpointError, match=rf"load: {path} is not a valid tapegrad checkpoint: an unreadable npz "
+                                                 rf"\(ValueError: format 'not-ours-2'\)$"):
         tg.load(path, tape)
     assert unchanged(tape, ps)
 

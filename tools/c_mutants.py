@@ -49,7 +49,7 @@ MUTATIONS = [
     (RT, "            o -= sst[k] * shape[k];", "            o -= sst[k] * (shape[k] - 1);", NATIVE,
      "gather: wrong carry when an index wraps"),
     (RT, "        dst[o] = first ? src[i] : dst[o] + src[i];", "        dst[o] = (first || 1) ? src[i] : dst[o] + src[i];", NATIVE,
-     "scatter: later contributions overwrite"),
+     "equivalent: every caller (concat, slice and index kernels) passes first = 1 into a fresh buffer"),
     (RT, "        memcpy(gbuf, c, (size_t)n * sizeof(real));", "        memset(gbuf, 0, (size_t)n * sizeof(real));",
      NATIVE, "gradient accumulation: the first contribution is dropped"),
     (RT, "            gbuf[i] = gbuf[i] + c[i];", "            gbuf[i] = c[i] + c[i];", NATIVE,

@@ -14,7 +14,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tapegrad as tg  # noqa: E402
 from bench_eager import numpy_step, side_by_side, tape_step  # noqa: E402
-from mlp import blas_kernel, data, init, jax_loss, tape_loss  # noqa: E402
+from mlp import blas_kernel, cpu_model, data, init, jax_loss, tape_loss  # noqa: E402
 
 SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10)),
          "medium": (256, (784, 512, 512, 10)), "large": (1024, (1024, 2048, 2048, 1024))}
@@ -119,7 +119,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     names = ("tiny", "small") if args.quick else tuple(SIZES)
-    print(f"BLAS: {blas_kernel()}\n")
+    print(f"CPU: {cpu_model()}, BLAS: {blas_kernel()}\n")
     rows = []
     for name in names:
         batch, sizes = SIZES[name]

@@ -4,46 +4,34 @@
    16-32-32-4; small: batch 64, 64-128-128-10): the captured native program as an XLA FFI custom call
    (``program_call``), the same program through ``jax.pure_callback`` (copies), through the zero-copy
    ``buffer_callback`` (``program_call(native=False)``), and the same loss written in jax.numpy.
-2. A full training step (forward + backward + Adam): ``program_episode`` inside jit (one custom call,
-   donated in-place state) vs ``jax.jit(value_and_grad + optax.adam)`` vs a pure_callback-based step.
+2. A full training step (forward + backward + Adam) per jitted call, tiny to large: ``program_episode``
+   (one custom call, donated in-place state) vs ``jax.jit(value_and_grad + optax.adam)`` (and, at
+   tiny/small, a pure_callback-based step).
+3. The same step as the body of one jitted ``lax.scan`` over many steps, where JAX users put a training
+   loop (no per-step dispatch): ``program_episode`` vs plain JAX + optax in the same scan.
 
-All measured back to back in one run; µs per call, median of repeated timed blocks. BLAS runs on one
-thread (threadpoolctl): on this shared 2-core machine OpenBLAS's two spinning threads contend with
-XLA's thread pool and other processes, and multi-threaded runs of the small size varied 100-fold.
-Run: ``.venv/bin/python experiments/bench_interop.py``.
+All systems run in this one process, interleaved repeat by repeat (median): the ratios are the
+result. ``--quick`` for a smoke run, ``--sizes tiny,medium`` for a subset, ``--blas-threads 1`` to pin
+BLAS (threadpoolctl). Run: ``.venv/bin/python experiments/bench_interop.py``.
 """
+import argparse
+import os
+import sys
 import time
 
 import numpy as np
 
-import interop
-import tapegrad as tg
-from interop import jax, jnp
-from interop import program as P
-from interop.callback import copying_call
-from mlp import blas_kernel, init, jax_loss, tape_loss
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import interop  # noqa: E402
+import tapegrad as tg  # noqa: E402
+from bench_eager import side_by_side  # noqa: E402
+from interop import jax, jnp  # noqa: E402
+from interop import program as P  # noqa: E402
+from interop.callback import copying_call  # noqa: E402
+from mlp import blas_kernel, cpu_model, init, jax_loss, tape_loss  # noqa: E402
 
-SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10))}
-
-
-def timeit(fn, reps=7, min_time=0.15):
-    fn()
-    fn()
-    n = 1
-    while True:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        if time.perf_counter() - t0 > min_time / reps:
-            break
-        n *= 2
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        ts.append((time.perf_counter() - t0) / n)
-    return float(np.median(ts)) * 1e6
+SIZES = {"tiny": (32, (16, 32, 32, 4)), "small": (64, (64, 128, 128, 10)),
+         "medium": (256, (784, 512, 512, 10)), "large": (1024, (1024, 2048, 2048, 1024))}
 
 
 def setup(name, backend="native"):
@@ -101,24 +89,36 @@ def calls(name):
         "zero-copy buffer_callback": interop.program_call(prog, native=False),
         "plain JAX (jnp)": lambda *xs: jax_loss(list(xs[:n]), xs[n], xs[n + 1]),
     }
-    out = {}
-    for label, f in fns.items():
+    runs = {}
+    for lab, f in fns.items():
         g = jax.jit(jax.value_and_grad(f, argnums))
-        out[label] = timeit(lambda: jax.block_until_ready(g(*args)))
-    native_only = timeit(lambda: (prog.runner.forward(), prog.runner.backward()))
-    return out, native_only
+        runs[lab] = lambda g=g: jax.block_until_ready(g(*args))
+    runs["floor"] = lambda: (prog.runner.forward(), prog.runner.backward())
+    out = side_by_side(runs, 11, 100 if name == "tiny" else 20)
+    return out, out.pop("floor")
 
 
-def steps(name):
+def step_fns(name):
+    """One training step per jitted call: the episode custom call (flat and separate state) vs plain JAX."""
     import optax
     prog, ps, xb, yb = setup(name)
     x, y = jnp.asarray(xb), jnp.asarray(yb)
-    ep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1, 2))
+    ep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
     st = [interop.episode_state(prog)]
 
     def run_ep():
         loss, *s = ep(*st[0], (x, y))
         st[0] = s
+        loss.block_until_ready()
+
+    eppos = jax.jit(interop.program_episode(prog).positional, donate_argnums=(0, 1, 2))
+    sp0 = interop.episode_state(prog)
+    stp = [(tuple(sp0[0][n] for n in prog.param_names), tuple(a for pair in zip(sp0[1].mu.values(), sp0[1].nu.values())
+                                                           for a in pair), sp0[1].count.astype(prog.dtype))]
+
+    def run_eppos():
+        loss, *s = eppos(*stp[0], (x, y))
+        stp[0] = s
         loss.block_until_ready()
 
     epf = jax.jit(interop.program_episode(prog, flat=True), donate_argnums=0)
@@ -143,46 +143,110 @@ def steps(name):
         loss, jp[0], jo[0] = jstep(jp[0], jo[0], x, y)
         loss.block_until_ready()
 
-    pc = jax.jit(pure_callback_episode(prog))
-    sp = [interop.episode_state(prog, flat=True)]
+    fns = {"program_episode in jit (FFI, flat state)": run_epf,
+           "program_episode in jit (FFI, named state, one operand per array)": run_ep,
+           "program_episode in jit (FFI, positional tuples, one operand per array)": run_eppos,
+           "jax.jit(value_and_grad + optax.adam)": run_j}
+    if name in ("tiny", "small"):
+        pc = jax.jit(pure_callback_episode(prog))
+        sp = [interop.episode_state(prog, flat=True)]
 
-    def run_pc():
-        loss, sp[0] = pc(sp[0], (x, y))
-        loss.block_until_ready()
+        def run_pc():
+            loss, sp[0] = pc(sp[0], (x, y))
+            loss.block_until_ready()
+        fns["pure_callback episode in jit"] = run_pc
+    fns["native episode, no JAX (floor)"] = prog.runner.episode
+    return fns
 
-    return {"program_episode in jit (FFI, flat state)": timeit(run_epf),
-            "program_episode in jit (FFI, one operand per array)": timeit(run_ep),
-            "jax.jit(value_and_grad + optax.adam)": timeit(run_j),
-            "pure_callback episode in jit": timeit(run_pc),
-            "native episode, no JAX (floor)": timeit(lambda: prog.runner.episode())}
+
+def scan_fns(name, steps):
+    """``steps`` training steps inside one jitted ``lax.scan`` (no per-step dispatch): the episode
+    custom call as the scan body vs the same loop in plain JAX + optax. Each call runs the scan once."""
+    import optax
+    prog, ps, xb, yb = setup(name)
+    x, y = jnp.asarray(xb), jnp.asarray(yb)
+    ep = interop.program_episode(prog, flat=True)
+
+    def ep_loop(s, x, y):
+        return jax.lax.scan(lambda s, _: ep(s, (x, y))[::-1], s, None, length=steps)
+
+    ep_run = jax.jit(ep_loop, donate_argnums=0)
+    st = [interop.episode_state(prog, flat=True)]
+
+    def run_ep():
+        st[0], losses = ep_run(st[0], x, y)
+        losses.block_until_ready()
+
+    tx = optax.adam(1e-3)
+
+    def body(carry, _):
+        params, opt_state = carry
+        loss, g = jax.value_and_grad(jax_loss)(params, x, y)
+        u, opt_state = tx.update(g, opt_state, params)
+        return (optax.apply_updates(params, u), opt_state), loss
+
+    j_run = jax.jit(lambda c: jax.lax.scan(body, c, None, length=steps), donate_argnums=0)
+    jc = [([jnp.asarray(p) for p in ps], None)]
+    jc[0] = (jc[0][0], tx.init(jc[0][0]))
+
+    def run_j():
+        jc[0], losses = j_run(jc[0])
+        losses.block_until_ready()
+    return {"program_episode in lax.scan": run_ep, "plain JAX + optax in lax.scan": run_j}
+
+
+def header():
+    return (f"jax {jax.__version__}, float64, CPU: {cpu_model()}, BLAS: {blas_kernel()}; µs (median of "
+            f"interleaved repeats)")
 
 
 def main():
-    try:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="tiny and small only, few repeats")
+    ap.add_argument("--sizes", default=None, help="comma-separated subset of " + ",".join(SIZES))
+    ap.add_argument("--blas-threads", type=int, default=None,
+                    help="limit BLAS to this many threads (threadpoolctl); default: the process's setting")
+    args = ap.parse_args()
+    if args.blas_threads:
         from threadpoolctl import threadpool_limits
-        threadpool_limits(1, "blas")
-    except ImportError:
-        pass
+        threadpool_limits(args.blas_threads, "blas")
     if P.native_library() is None:
         raise SystemExit("bench_interop: needs a C compiler for the FFI handler")
-    print(f"jax {jax.__version__}, float64, 2-core CPU, BLAS: {blas_kernel()}; µs per call (median)\n")
-    res = {n: calls(n) for n in SIZES}
-    print("| loss + grad inside jax.jit | " + " | ".join(f"{n} ({SIZES[n][0]}; {'-'.join(map(str, SIZES[n][1]))})" for n in SIZES) + " |")
-    print("|---|" + "---:|" * len(SIZES))
-    for label in res["tiny"][0]:
-        print(f"| {label} | " + " | ".join(f"{res[n][0][label]:.0f}" for n in SIZES) + " |")
-    print("| native forward+backward, no JAX (floor) | " + " | ".join(f"{res[n][1]:.0f}" for n in SIZES) + " |")
-    st = {n: steps(n) for n in SIZES}
-    print("\n| training step (fwd + bwd + Adam) | " + " | ".join(SIZES) + " |")
-    print("|---|" + "---:|" * len(SIZES))
-    for label in st["tiny"]:
-        print(f"| {label} | " + " | ".join(f"{st[n][label]:.0f}" for n in SIZES) + " |")
-    for n in SIZES:
-        e = st[n]
-        print(f"\n{n}: program_episode is {e['jax.jit(value_and_grad + optax.adam)'] / e['program_episode in jit (FFI, flat state)']:.1f}× "
-              f"faster than jax.jit(value_and_grad + optax.adam) and "
-              f"{e['pure_callback episode in jit'] / e['program_episode in jit (FFI, flat state)']:.1f}× faster than the "
-              f"pure_callback step")
+    names = args.sizes.split(",") if args.sizes else ["tiny", "small"] if args.quick else list(SIZES)
+    print(header() + "\n")
+    small = [n for n in names if n in ("tiny", "small")]
+    if small:
+        res = {n: calls(n) for n in small}
+        print("| loss + grad inside jax.jit, µs per call | " + " | ".join(label(n) for n in small) + " |")
+        print("|---|" + "---:|" * len(small))
+        for lab in res[small[0]][0]:
+            print(f"| {lab} | " + " | ".join(f"{res[n][0][lab]:,.0f}" for n in small) + " |")
+        print("| native forward+backward, no JAX (floor) | " + " | ".join(f"{res[n][1]:,.0f}" for n in small) + " |")
+    st, sc = {}, {}
+    for n in names:
+        reps, inner, steps = ((3, 20, 50) if args.quick else (11, 100, 200)) if n == "tiny" else \
+            ((3, 5, 20) if args.quick else (11, 20, 100)) if n == "small" else (7, 3, 10) if n == "medium" else (3, 1, 2)
+        st[n] = side_by_side(step_fns(n), reps, inner)
+        sc[n] = {k: v / steps for k, v in side_by_side(scan_fns(n, steps), reps, max(1, inner // steps)).items()}
+        print(f"  {n}: " + ", ".join(f"{k} {v:,.1f}" for k, v in {**st[n], **sc[n]}.items()), flush=True)
+    jx = "jax.jit(value_and_grad + optax.adam)"
+    print("\n| training step (fwd + bwd + Adam), µs per jitted call | " + " | ".join(label(n) for n in names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for lab in st[names[0]]:
+        print(f"| {lab} | " + " | ".join(
+            f"{st[n][lab]:,.0f}" + ("" if lab == jx or lab not in st[n] else f" ({st[n][jx] / st[n][lab]:.2f}×)")
+            if lab in st[n] else "—" for n in names) + " |")
+    pj = "plain JAX + optax in lax.scan"
+    print("\n| training step inside one jitted lax.scan, µs per step | " + " | ".join(label(n) for n in names) + " |")
+    print("|---|" + "---:|" * len(names))
+    for lab in sc[names[0]]:
+        print(f"| {lab} | " + " | ".join(
+            f"{sc[n][lab]:,.1f}" + ("" if lab == pj else f" ({sc[n][pj] / sc[n][lab]:.2f}×)") for n in names) + " |")
+    print("\n(×) = speed-up over plain JAX measured in the same run")
+
+
+def label(n):
+    return f"{n} ({SIZES[n][0]}; {'-'.join(map(str, SIZES[n][1]))})"
 
 
 if __name__ == "__main__":

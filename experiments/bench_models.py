@@ -10,7 +10,6 @@ A model is one entry of ``MODELS``: ``init`` (parameters), ``data`` (one batch),
 """
 import argparse
 import os
-import platform
 import sys
 
 import numpy as np
@@ -19,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tapegrad as tg  # noqa: E402
 from bench_eager import side_by_side  # noqa: E402
 from mlp import blas_kernel  # noqa: E402
+from progress import cpu_model  # noqa: E402
 
 LR = 1e-3
 
@@ -66,8 +66,37 @@ def cnn(layout):
                 label=f"CNN {layout} (32×1×28×28; conv 8, conv 16, dense 10)")
 
 
-MODELS = {"cnn-nchw": cnn("NCHW"), "cnn-nhwc": cnn("NHWC")}
-# An embedding + MLP model goes here as one more MODELS entry with the same four functions.
+# ── an embedding-bag + MLP text classifier: 64 bags of 20 token ids (vocab 5000) → mean embedding (64) ──
+#    → dense 128 → relu → dense 10, cross-entropy on integer labels ─────────────────────────────────────
+
+def embedding_mlp(vocab=5000, d=64, hidden=128, classes=10, bag=20):
+    def init(seed=0):
+        rng = np.random.default_rng(seed)
+        return [rng.standard_normal((vocab, d)) * 0.1, rng.standard_normal((d, hidden)) / np.sqrt(d),
+                np.zeros(hidden), rng.standard_normal((hidden, classes)) / np.sqrt(hidden), np.zeros(classes)]
+
+    def data(batch=64, seed=1):
+        rng = np.random.default_rng(seed)
+        return rng.integers(0, vocab, (batch, bag)), rng.integers(0, classes, (batch, 1))
+
+    def tape_loss(tape, P, ids, labels):
+        E, W1, b1, W2, b2 = P
+        h = (tg.take(E, ids).mean(axis=1) @ W1 + b1).relu()
+        logp = (h @ W2 + b2).log_softmax(axis=1)
+        return -tg.take_along_axis(logp, labels, axis=1).mean()
+
+    def jax_loss(P, ids, labels):
+        import jax
+        import jax.numpy as jnp
+        E, W1, b1, W2, b2 = P
+        h = jax.nn.relu(E[ids].mean(axis=1) @ W1 + b1)
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(h @ W2 + b2), labels, axis=1))
+
+    return dict(init=init, data=data, tape_loss=tape_loss, jax_loss=jax_loss,
+                label=f"embedding bag + MLP (64 bags of {bag} ids, vocab {vocab}, {d}-{hidden}-{classes})")
+
+
+MODELS = {"cnn-nchw": cnn("NCHW"), "cnn-nhwc": cnn("NHWC"), "embedding-mlp": embedding_mlp()}
 
 
 # ── the systems ──────────────────────────────────────────────────────────────
@@ -125,17 +154,6 @@ def jax_step(m):
         val.block_until_ready()
         state[0], state[1] = ps, st
     return run
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main():

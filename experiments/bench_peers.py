@@ -21,7 +21,7 @@ sys.path.insert(0, HERE)
 from bench_capture import SIZES, jax_step, program_step  # noqa: E402
 from bench_eager import numpy_step, side_by_side, tape_step  # noqa: E402
 from mlp import blas_kernel, data, init  # noqa: E402
-from progress import bar, cpu_model  # noqa: E402
+from progress import bar, cpu_model, save  # noqa: E402
 
 LR = 1e-3
 
@@ -168,11 +168,7 @@ def main(argv=None):
     names = ("tiny", "small") if args.quick else tuple(SIZES)
     rows, missing = run(names, args.quick)
     text = markdown(rows, missing)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_peers.md"), "w") as f:
-        f.write(text)
-    plot(rows, os.path.join(args.out, "bench_peers.png"))
-    print("\n" + text)
+    save(args.out, "bench_peers", text, lambda path: plot(rows, path))
 
 
 if __name__ == "__main__":

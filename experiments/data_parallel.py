@@ -197,11 +197,8 @@ def main(argv=None):
     configs = [(2, 2)] if args.quick else [(1, 1), (1, 2), (2, 1), (2, 2)]
     rows = run(configs, cfg)
     text = markdown(rows, cfg)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "data_parallel.md"), "w") as f:
-        f.write(text)
-    plot(rows, os.path.join(args.out, "data_parallel.png"))
-    print("\n" + text)
+    from progress import save
+    save(args.out, "data_parallel", text, lambda path: plot(rows, path))
     return rows
 
 

@@ -30,7 +30,8 @@ def _episode(ctx, interop):
         loss.block_until_ready()
         t.append(time.perf_counter() - t0)
         losses.append(float(loss))
-    params = [np.asarray(p) for p in interop.unflatten_state(prog, state)[0]]
+    named = interop.unflatten_state(prog, state)[0]
+    params = [np.asarray(named[n]) for n in prog.param_names]
     return ("native FFI" if step.native else "callback"), losses, np.median(t[1:]) * 1e6, params
 
 
@@ -65,6 +66,7 @@ def section(ctx):
     except ImportError as e:
         print(f"jax interop: skipped ({e})")
         return
+    interop.jax.config.update("jax_enable_x64", True)   # the demo's programs compute in float64
     jnp = interop.jnp
     eager = np.array(ctx.eager_losses)
     print("inside jax.jit:")

@@ -27,7 +27,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from progress import bar, cpu_model  # noqa: E402
+from progress import bar, cpu_model, save  # noqa: E402
 
 VARIANTS = ("eager constant", "eager + drop_consts", "lazy constant")
 RANK, BATCH, STEPS = 8, 64, 5
@@ -134,11 +134,7 @@ def main(argv=None):
     sizes = (256, 512) if args.quick else (512, 1024, 2048, 4096)
     res, agree = measure(sizes)
     text = markdown(res, sizes, agree)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "finetune_memory.md"), "w") as f:
-        f.write(text)
-    plot(res, sizes, os.path.join(args.out, "finetune_memory.png"))
-    print("\n" + text)
+    save(args.out, "finetune_memory", text, lambda path: plot(res, sizes, path))
     return res, agree
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, HERE)
 from bench_capture import jax_step, program_step  # noqa: E402
 from bench_eager import side_by_side  # noqa: E402
 from mlp import blas_kernel  # noqa: E402
-from progress import bar, cpu_model  # noqa: E402
+from progress import bar, cpu_model, save  # noqa: E402
 
 MLPS = [(64, (64,) + (w,) * depth + (10,)) for depth in (1, 2, 4, 8) for w in (32, 128, 512)]
 QUICK_MLPS = [(32, (16, 32, 4)), (32, (16, 32, 32, 32, 4))]
@@ -110,11 +110,7 @@ def main(argv=None):
     else:
         rows = run(MLPS, dict(T.FULL, steps=1), 7, 20)
     text = markdown(rows)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "fusion_study.md"), "w") as f:
-        f.write(text)
-    plot(rows, os.path.join(args.out, "fusion_study.png"))
-    print("\n" + text)
+    save(args.out, "fusion_study", text, lambda path: plot(rows, path))
     return rows
 
 

@@ -72,3 +72,27 @@ def blas_kernel():
         return "unknown"
     return ", ".join(f"{i['internal_api']} {i.get('architecture', '?')} ×{i['num_threads']}"
                      for i in threadpool_info() if i["user_api"] == "blas") or "none"
+
+
+def cpu_model():
+    """The CPU's model name and core count (from /proc/cpuinfo on Linux), for benchmark headers."""
+    import os
+    import platform
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+        isa = [x for x in ("avx512f", "avx2") if f" {x} " in text]
+        flags = f", {isa[0].upper().replace('F', '')}" if isa else ", no AVX2"
+    except OSError:
+        pass
+    return f"{name} ({os.cpu_count()} cores{flags})"

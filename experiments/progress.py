@@ -1,4 +1,5 @@
-"""What every experiment prints: a progress bar for long work and the machine it ran on."""
+"""What every experiment shares: a progress bar, the machine it ran on, and its results written out."""
+import os
 import sys
 
 
@@ -21,3 +22,14 @@ def cpu_model():
     except OSError:
         pass
     return "unknown CPU"
+
+
+def save(out_dir, name, text, plot=None):
+    """Write ``name``.md (the Markdown table) and, with ``plot(path)``, ``name``.png into ``out_dir``;
+    print the table."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, name + ".md"), "w") as f:
+        f.write(text)
+    if plot is not None:
+        plot(os.path.join(out_dir, name + ".png"))
+    print("\n" + text)

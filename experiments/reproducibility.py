@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tapegrad as tg  # noqa: E402
 from mlp import blas_kernel, init, jax_loss, tape_loss  # noqa: E402
-from progress import bar, cpu_model  # noqa: E402
+from progress import bar, cpu_model, save  # noqa: E402
 
 FULL = dict(batch=64, sizes=(64, 128, 128, 10), steps=100, lr=1e-3)
 QUICK = dict(batch=16, sizes=(8, 16, 4), steps=5, lr=1e-3)
@@ -180,11 +180,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     r = run(QUICK if args.quick else FULL)
     text = markdown(r)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "reproducibility.md"), "w") as f:
-        f.write(text)
-    plot(r, os.path.join(args.out, "reproducibility.png"))
-    print("\n" + text)
+    save(args.out, "reproducibility", text, lambda path: plot(r, path))
     return r
 
 

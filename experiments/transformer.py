@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tapegrad as tg  # noqa: E402
 from mlp import blas_kernel  # noqa: E402
-from progress import bar, cpu_model  # noqa: E402
+from progress import bar, cpu_model, save  # noqa: E402
 
 FULL = dict(T=16, d=32, heads=2, hidden=64, batch=8, steps=200, lr=3e-3)
 QUICK = dict(T=8, d=16, heads=2, hidden=32, batch=4, steps=5, lr=3e-3)
@@ -223,8 +223,8 @@ def report(r, out_dir):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    os.makedirs(out_dir, exist_ok=True)
     log, pairs = r["log"], r["pairs"]
+    os.makedirs(out_dir, exist_ok=True)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for name, d in log.items():
         ax.plot(d["loss"], label=name, lw=1)
@@ -240,8 +240,7 @@ def report(r, out_dir):
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "transformer_grad.png"), dpi=120)
-    with open(os.path.join(out_dir, "transformer.md"), "w") as f:
-        f.write(markdown(r))
+    save(out_dir, "transformer", markdown(r))
 
 
 def markdown(r):
@@ -266,9 +265,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a few steps of a smaller model")
     ap.add_argument("--out", default=os.path.join(HERE, "out"))
     args = ap.parse_args(argv)
-    r = run(QUICK if args.quick else FULL, args.out)
-    print("\n" + markdown(r))
-    return r
+    return run(QUICK if args.quick else FULL, args.out)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 tapegrad code runs on the host through ``jax.experimental.buffer_callback``: XLA hands the callback
 its own input and output buffers (zero-copy on CPU), where ``jax.pure_callback`` copies every
-argument twice and the result once, ≈0.2 ms per call (research/interop.md §7). Should
+argument twice and the result once, ≈0.2 ms per call (docs/interop.md, "The FFI handler"). Should
 ``buffer_callback`` change or go, this file is the only one to edit.
 
 ``host_call(fn, specs, *args)`` calls ``fn(outs, *args)`` with NumPy arrays: ``outs`` are XLA's

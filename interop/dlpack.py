@@ -1,6 +1,6 @@
 """Zero-copy bridges between tapegrad memory (NumPy, CuPy) and JAX arrays, over DLPack.
 
-Policy (research/interop.md §5): an array crosses without a copy when it is 64-byte aligned, compact
+Policy (docs/interop.md, "DLPack"): an array crosses without a copy when it is 64-byte aligned, compact
 (C or Fortran order), non-empty, of a dtype DLPack carries, and its memory is writable (a read-only
 *view* of writable memory, such as ``tape.value(v)``, counts: tapegrad hands out read-only views of
 its own buffers). Otherwise ``copy=None`` copies and warns with ``CopyWarning``; ``copy=False``
@@ -11,8 +11,12 @@ A zero-copy JAX array *aliases* the tape's buffer: an optimizer step or a ``rese
 the memory changes what the JAX array reads. Take ``copy=True`` for a snapshot.
 """
 import warnings
+from typing import Any, Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
+
+from tapegrad.errors import ArgumentError, DTypeError
 
 from ._jax import jax, jnp
 
@@ -55,7 +59,7 @@ def _writable_alias(a):
     return v
 
 
-def to_jax(array, copy=None):
+def to_jax(array: ArrayLike, copy: Optional[bool] = None) -> "jax.Array":
     """A JAX array (CPU) holding the same memory as the NumPy array ``array`` when possible.
 
     ``copy=None``: share when possible, else copy with a ``CopyWarning``; ``copy=False``: share or
@@ -70,6 +74,15 @@ def to_jax(array, copy=None):
     if copy not in (None, True, False):
         raise ValueError(f"to_jax: copy must be None, True or False, got {copy!r}")
     a = np.asarray(array)
+    if a.dtype.kind not in _KINDS or a.dtype.itemsize > 16:
+        raise DTypeError(f"to_jax: JAX has no dtype for {a.dtype} arrays (kind {a.dtype.kind!r}); convert them "
+                         f"first, e.g. .astype(np.float64)")
+    if a.dtype.byteorder not in "=|":   # a big-endian file's array: JAX holds native byte order only
+        a = a.astype(a.dtype.newbyteorder("="))
+        if copy is False:
+            raise ValueError(f"to_jax: cannot share a {array.dtype} (non-native byte order) array without a copy; "
+                             f"pass copy=True (or None)")
+        copy = True
     if copy is True:
         return jnp.array(a, copy=True)
     why = _why_not_zero_copy(a)
@@ -82,7 +95,7 @@ def to_jax(array, copy=None):
     return jnp.array(a, copy=True)
 
 
-def from_jax(x, copy=None):
+def from_jax(x: "jax.Array", copy: Optional[bool] = None) -> np.ndarray:
     """A read-only NumPy view of a JAX CPU array's memory (zero-copy), or a copy where it must be.
 
     A JAX array on a device other than the host (a GPU) cannot be viewed from NumPy: ``copy=None``
@@ -96,18 +109,31 @@ def from_jax(x, copy=None):
     """
     if copy not in (None, True, False):
         raise ValueError(f"from_jax: copy must be None, True or False, got {copy!r}")
+    if isinstance(x, jax.core.Tracer):
+        raise ArgumentError(f"from_jax: got a traced {x.dtype}{list(x.shape)} value (inside jit, grad or vmap), "
+                            f"which has no memory to view; call from_jax on concrete arrays outside the "
+                            f"transformation, or use interop.callback / jax_function to run host code inside it")
     if not isinstance(x, jax.Array):
-        raise TypeError(f"from_jax: expected a jax.Array, got {type(x).__name__}")
+        raise ArgumentError(f"from_jax: expected a jax.Array, got {type(x).__name__}")
     if copy is True:
         return np.array(x, copy=True)
-    platforms = {d.platform for d in x.devices()}
-    if platforms == {"cpu"} and x.size:
+    devices = x.devices()
+    platforms = {d.platform for d in devices}
+    dlpack_ok = x.dtype.kind in _KINDS and x.dtype.name not in ("bfloat16",) and not x.dtype.name.startswith("float8")
+    if platforms == {"cpu"} and x.size and len(devices) == 1 and dlpack_ok:
         v = np.from_dlpack(x)
         if v.flags.writeable:  # never hand out a writable window onto an immutable jax.Array
             v = v.view()
             v.flags.writeable = False
         return v
-    why = f"it lives on {sorted(platforms)}" if platforms != {"cpu"} else "it is empty"
+    if platforms != {"cpu"}:
+        why = f"it lives on {sorted(platforms)}"
+    elif len(devices) > 1:
+        why = f"it is sharded over {len(devices)} devices (no single buffer to view)"
+    elif not dlpack_ok:
+        why = f"NumPy cannot import dtype {x.dtype} over DLPack"
+    else:
+        why = "it is empty"
     if copy is False:
         raise ValueError(f"from_jax: cannot view a {x.dtype}{list(x.shape)} array from NumPy without a copy: "
                          f"{why}; pass copy=True (or None)")
@@ -125,7 +151,7 @@ def _cupy():
     return cupy
 
 
-def cupy_to_jax(array, copy=None):
+def cupy_to_jax(array: Any, copy: Optional[bool] = None) -> "jax.Array":
     """A JAX GPU array sharing a CuPy array's memory (stream-ordered by DLPack's ``stream=``).
 
     ``copy=True`` copies on the device first (``cupy.ascontiguousarray(array).copy()``); a strided
@@ -145,7 +171,7 @@ def cupy_to_jax(array, copy=None):
     return jnp.from_dlpack(array)
 
 
-def jax_to_cupy(x, copy=None):
+def jax_to_cupy(x: "jax.Array", copy: Optional[bool] = None) -> Any:
     """A CuPy array sharing a JAX GPU array's memory. Treat it as read-only: JAX arrays are immutable
     and CuPy cannot mark memory read-only. ``copy=True`` gives an independent CuPy array."""
     cp = _cupy()

@@ -1,5 +1,6 @@
 """``jax_function``: a computation recorded on a tapegrad tape, as a differentiable JAX function."""
 import functools
+from typing import Any, Callable, Literal
 
 import numpy as np
 
@@ -9,11 +10,15 @@ from ._jax import jax
 from .callback import host_call
 
 
-class TransformError(TypeError):
-    """A JAX transformation that a tape-backed function cannot support (forward mode, grad of grad)."""
+class TransformError(tg.TapeError, TypeError):
+    """A JAX transformation that a tape-backed function cannot support (forward mode, grad of grad).
+
+    Part of tapegrad's error family: ``except tapegrad.TapeError`` catches it too.
+    """
 
 
-def jax_function(build, *, vmap_method="sequential"):
+def jax_function(build: Callable[..., tg.Var], *,
+                 vmap_method: Literal["sequential", "broadcast_all"] = "sequential") -> Callable[..., Any]:
     """Turn ``build(tape, *vars) -> Var`` into a JAX function of arrays with tapegrad's backward.
 
     Each call registers the arrays as parameters on a fresh tape, runs ``build`` and returns the
@@ -42,7 +47,8 @@ def jax_function(build, *, vmap_method="sequential"):
             tape = tg.Tape(dtype)
             y = build(tape, *(tape.const_lazy(s, dtype) for s, _ in key))
             if not isinstance(y, tg.Var):
-                raise TypeError(f"jax_function({_name(build)}): build must return a Var, got {type(y).__name__}")
+                raise tg.ArgumentError(f"jax_function({_name(build)}): build must return a Var, got "
+                                       f"{type(y).__name__}")
             shapes[key] = (jax.ShapeDtypeStruct(y.shape, dtype), dtype)
         return shapes[key]
 
@@ -90,19 +96,28 @@ def jax_function(build, *, vmap_method="sequential"):
     @functools.wraps(build)
     def wrapped(*xs):
         xs = tuple(jax.numpy.asarray(x) for x in xs)
-        try:
-            return f(*xs)
-        except TransformError:
-            raise
-        except TypeError as e:  # JAX's "can't apply forward-mode autodiff (jvp) to a custom_vjp function"
-            if "forward-mode" in str(e) or "jvp" in str(e):
-                raise TransformError(f"jax_function({_name(build)}): forward-mode and higher-order "
-                                     f"differentiation (jvp, jacfwd, hessian, grad of grad) are not supported: "
-                                     f"the function's custom_vjp is tapegrad's reverse sweep; use first-order "
-                                     f"jax.grad / vjp / jacrev") from e
-            raise
+        return first_order(f, f"jax_function({_name(build)})", xs)
 
     return wrapped
+
+
+def first_order(f, who, xs):
+    """``f(*xs)``, with JAX's errors for forward-mode or second-order differentiation of a custom_vjp or
+    host callback (``can't apply forward-mode autodiff``, ``Buffer callbacks do not support JVP … use
+    jax.custom_jvp``, which suggests the wrong fix) replaced by a ``TransformError`` saying what is
+    supported."""
+    try:
+        return f(*xs)
+    except TransformError:
+        raise
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        if "forward-mode" in msg or "jvp" in msg.lower():
+            raise TransformError(f"{who}: forward-mode and higher-order differentiation (jvp, jacfwd, hessian, "
+                                 f"grad of grad) are not supported: the function's custom_vjp is tapegrad's "
+                                 f"reverse sweep, which is not itself differentiable; tapegrad gradients are "
+                                 f"first-order only: use jax.grad / vjp / jacrev") from e
+        raise
 
 
 def _no_jvp(fn, build, what):
@@ -121,7 +136,7 @@ def _no_jvp(fn, build, what):
 def _dtype(key, build):
     dts = {d for _, d in key}
     if not dts or any(d.kind != "f" or d not in (np.float32, np.float64) for d in dts):
-        raise TypeError(f"jax_function({_name(build)}): arguments must be float32/float64 arrays, got "
+        raise tg.DTypeError(f"jax_function({_name(build)}): arguments must be float32/float64 arrays, got "
                         f"{sorted(map(str, dts))}")
     return np.result_type(*dts)
 

@@ -1,449 +1,561 @@
-"""The gradient oracle: replay a ``jax.numpy`` function's jaxpr on a tapegrad tape, compare with ``jax.grad``.
+"""The gradient oracle: replay a JAX function's jaxpr on a tapegrad tape and compare with ``jax.grad``.
 
-``check_grads(f, *args)`` traces ``f`` to a jaxpr, records every equation on a tape with registry ops
-(calls, ``custom_jvp``/``custom_vjp`` and nested ``jit`` are inlined by their *primal* body, so a
-hand-written rule is checked against the derivative of what it claims to differentiate), runs
-tapegrad's backward and compares with ``jax.grad(f)``. Both are exact reverse-mode sweeps in float64;
-they differ only where XLA and NumPy round or sum in another order, so the default bound is
-``rtol=1e-12`` normwise per argument: ``max|Δ| <= rtol · max|jax.grad|``.
+``check_grads(f, *args, argnums=…, has_aux=…)`` traces ``f`` as ``jax.jit`` would, records every
+step that depends on the differentiated arguments on a tape (``oracle_replay``, ``oracle_rules``),
+runs tapegrad's reverse sweep and compares it with ``jax.value_and_grad`` of the same jaxpr. Both
+are exact reverse-mode sweeps in float64, so they differ only where XLA and NumPy round or sum in
+another order: the default bound is ``rtol=1e-12`` normwise per leaf, ``max|Δ| <= rtol·max|jax.grad|``
+(or over the whole gradient, for a leaf whose gradient is at rounding level next to the others).
+JAX's side is one compiled call computing its value, its gradients and the few step values the
+replay reads (constants, loop operands, index maps).
 
-When they disagree, the report names the first equation where the two differ: first by forward value
-(each equation is also evaluated by JAX on JAX's own values), then — forward values agreeing — by a
-local VJP check of each equation with a random cotangent (the custom rule's ``jax.vjp`` against the
-tape's backward of its primal body).
+Calls (``jit``, ``checkpoint``, ``custom_jvp``/``custom_vjp``, …) are replayed by their primal body,
+so a hand-written rule is checked against the derivative of what it claims to differentiate. When
+the two disagree, the report locates the first step where they part: by forward value (every step
+is then compared with JAX's value of it), else by a local VJP check of each equation with a random
+cotangent, descending into calls, loop iterations and branches. Differences that vanish when the
+equation's inputs are nudged off an exact non-differentiable point (a relu at 0, tied maxima) are
+kinks, listed with what each side's rule gives there; a float32/bfloat16 step on a differentiable
+path moves the comparison to that precision's bound, which the report names.
+
+Everything runs inside a scoped ``jax.enable_x64(True)``: the caller's configuration is untouched.
 """
-import re
-from types import SimpleNamespace
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import numpy as np
 
 import tapegrad as tg
-from tapegrad import ops as O
+from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
+from .oracle_replay import (CONTROL, JEnv, Literal, Plan, Replay, bind, compiled, diff, is_float, is_key, loop_envs,
+                            lowp_bound, summary)
+from .oracle_rules import UnsupportedPrimitiveError, primitive_table
 
-import jax.extend.core as _core  # noqa: E402
+__all__ = ["check_grads", "assert_grads", "GradReport", "Divergence", "Kink", "Precision",
+           "UnsupportedPrimitiveError", "TracingError", "GradientMismatchError", "primitive_table"]
 
 
-class UnsupportedPrimitiveError(NotImplementedError):
-    """The jaxpr uses primitives the tape cannot replay on differentiable values (named in the message)."""
+class TracingError(TapeError, TypeError):
+    """``f`` branches in Python on a traced value (check_grads traces it as ``jax.jit`` does)."""
+
+
+class GradientMismatchError(TapeError, AssertionError):
+    """Raised by ``assert_grads``: tapegrad and ``jax.grad`` disagree (the message is the report)."""
 
 
 @dataclass
 class Divergence:
-    """Where tapegrad and JAX first disagree: equation index (in replay order), its text, and by how much."""
+    """Where tapegrad and JAX first part: the step (replay order), its text, how, and by how much."""
     index: int
     eqn: str
     kind: str          # "value" (forward values differ) or "vjp" (the equation's local VJP differs)
     max_abs: float
     max_rel: float
+    where: str = ""    # inside loops and branches: e.g. "scan (step 3) › iteration 2"
 
     def __str__(self):
-        return (f"equation {self.index} ({self.kind}): {self.eqn}  max|Δ|={self.max_abs:.3g}  "
+        at = f" in {self.where}" if self.where else ""
+        return (f"equation {self.index}{at} ({self.kind}): {self.eqn}  max|Δ|={self.max_abs:.3g}  "
                 f"rel={self.max_rel:.3g}")
 
 
 @dataclass
+class Kink:
+    """A difference confined to elements at an exact non-differentiable point, and each side's convention."""
+    index: int
+    eqn: str
+    elements: int      # input elements whose gradient differs
+    jax: str           # what JAX's rule gives there
+    tape: str          # what the tape (the primal body) gives there
+    detail: str = ""   # the kink the replay saw (ties, zeros)
+    where: str = ""
+
+    def __str__(self):
+        at = f" in {self.where}" if self.where else ""
+        return (f"equation {self.index}{at}: {self.eqn}: gradients differ at {self.elements} element(s), all at "
+                f"a kink ({self.detail}); JAX gives {self.jax}, the tape gives {self.tape}")
+
+
+@dataclass
+class Precision:
+    """The first step on a differentiable path computed below float64, and the bound it implies."""
+    dtype: str
+    eqn: str
+    index: int
+    bound: float
+
+    def __str__(self):
+        return (f"computes in {self.dtype} from equation {self.index} ({self.eqn}): compared at "
+                f"√eps({self.dtype}) = {self.bound:.2g}")
+
+
+@dataclass
 class GradReport:
-    """Result of ``check_grads``: tapegrad's gradients next to ``jax.grad``'s, per argument."""
+    """Result of ``check_grads``: tapegrad's gradients next to ``jax.grad``'s.
+
+    ``ok``: values and gradients agree within ``bound`` (``rtol``, or the precision's bound), or
+    every difference is a kink. ``verdict``: "agree", "kink" or "mismatch". ``grads`` and
+    ``jax_grads`` have ``jax.grad``'s form for ``argnums`` (a tuple over all arguments when it is
+    None; non-float leaves are None). ``max_abs``/``max_rel``: one entry per differentiated leaf,
+    named in ``leaves``.
+    """
     ok: bool
-    grads: Any                     # tapegrad's gradients: a tuple, one per argument (pytrees kept)
+    grads: Any
     jax_grads: Any
-    value: float                   # f on the tape
+    value: float
     jax_value: float
-    max_abs: tuple                 # per argument leaf: max |tapegrad − jax|
-    max_rel: tuple                 # per argument leaf: max |Δ| / max |jax|
+    max_abs: tuple
+    max_rel: tuple
     rtol: float
     first_divergence: Optional[Divergence] = None
     n_eqns: int = 0
     notes: list = field(default_factory=list)
+    verdict: str = "agree"
+    bound: float = 0.0
+    error: float = 0.0   # the gradients' difference held to ``bound``: max over leaves of min(rel, |Δ|/max|whole|)
+    precision: Optional[Precision] = None
+    kinks: list = field(default_factory=list)
+    leaves: tuple = ()
+    aux: Any = None
 
     def __str__(self):
-        head = f"check_grads: {'ok' if self.ok else 'MISMATCH'} (rtol {self.rtol:g}, {self.n_eqns} equations)"
-        rows = [f"  arg {k}: max|Δ|={a:.3g} rel={r:.3g}" for k, (a, r) in enumerate(zip(self.max_abs, self.max_rel))]
-        tail = [f"  first divergence: {self.first_divergence}"] if self.first_divergence else []
-        return "\n".join([head, *rows, *tail])
+        word = {"agree": "ok", "kink": "ok (differences only at kinks)", "mismatch": "MISMATCH"}[self.verdict]
+        head = (f"check_grads: {word} (gradient error {self.error:.2g}, bound {self.bound:.2g}; {self.n_eqns} "
+                f"equations replayed; value {self.value:.17g} vs jax {self.jax_value:.17g})")
+        rows = [f"  {n}: max|Δ|={a:.3g} rel={r:.3g}" for n, a, r in zip(self.leaves, self.max_abs, self.max_rel)]
+        if self.precision:
+            rows.append(f"  precision: {self.precision}")
+        rows += [f"  kink: {k}" for k in self.kinks]
+        if self.first_divergence:
+            rows.append(f"  first divergence: {self.first_divergence}")
+        rows += [f"  note: {n}" for n in self.notes]
+        return "\n".join([head, *rows])
 
 
-# ── primitive rules: (replay, invals as Var|ndarray, eqn params, out aval) -> Var ─────────────
+# ── preparing f: trace once per (f, argument types), compile JAX's side once ───────────────────
 
-def _un(opname):
-    return lambda r, xs, p, aval: r.tape.apply(getattr(O, opname), r.var(xs[0]))
-
-
-def _bin(fn):
-    return lambda r, xs, p, aval: fn(r.var(xs[0]), r.var(xs[1]))
+_PREP = {}
+FULL_EVALUATIONS = [0]   # how often JAX's value of every step was needed (only to locate a divergence)
 
 
-def _neg(t, v):
-    return t.apply(O.neg, v)
+class _Prepared:
+    pass
 
 
-def _min(r, xs, p, aval):
-    t = r.tape
-    return _neg(t, tg.maximum(_neg(t, r.var(xs[0])), _neg(t, r.var(xs[1]))))
-
-
-def _integer_pow(r, xs, p, aval):
-    x, y = r.var(xs[0]), int(p["y"])
-    if y == 1:
+def _leaf(x):
+    if isinstance(x, jax.Array) and is_key(jax.typeof(x)):
         return x
-    if y == 2:
-        return r.tape.apply(O.square, x)
-    if y == -1:
-        return r.tape.apply(O.rdivs, x, None, 1.0)
-    return r.tape.apply(O.pow, x, None, float(y))
+    a = np.asarray(x) if not isinstance(x, jax.Array) else x
+    if np.dtype(a.dtype).kind == "f":
+        return jnp.asarray(a, jnp.float64)
+    return jnp.asarray(a)
 
 
-def _pow(r, xs, p, aval):
-    if not isinstance(xs[1], np.ndarray) or xs[1].ndim:
-        raise UnsupportedPrimitiveError("pow: only a constant scalar exponent can be replayed on the tape")
-    return r.tape.apply(O.pow, r.var(xs[0]), None, float(xs[1]))
+def _prepare(f, args, argnums, has_aux):
+    leaves_p, tree = jax.tree_util.tree_flatten_with_path(args)
+    leaves = [_leaf(x) for _, x in leaves_p]
+    key = (id(f), tree, tuple((tuple(jax.typeof(x).shape), str(jax.typeof(x).dtype)) for x in leaves), argnums,
+           has_aux)
+    hit = _PREP.get(key)
+    if hit is not None and hit.f is f:
+        return hit, leaves
+    p = _Prepared()
+    p.f, p.tree = f, tree
+    nargs = len(args)
+    which = tuple(range(nargs)) if argnums is None else ((argnums,) if isinstance(argnums, int) else tuple(argnums))
+    for a in which:
+        if not -nargs <= a < nargs:
+            raise ValueError(f"check_grads: argnums {argnums!r} is out of range for {nargs} positional arguments")
+    which = tuple(a % nargs for a in which)
+    p.argnums, p.which = argnums, which
+    p.arg_of = [path[0].idx for path, _ in leaves_p]
+    p.names = [f"arg {path[0].idx}{jax.tree_util.keystr(path[1:])}" for path, _ in leaves_p]
+    p.diff = [i for i, x in enumerate(leaves) if p.arg_of[i] in which and not is_key(jax.typeof(x))
+              and is_float(jax.typeof(x))]
+    if not p.diff:
+        raise ValueError(f"check_grads: no float leaf to differentiate in arguments {which} (integer, boolean "
+                         f"and key leaves are data, never differentiated)")
 
-
-def _dot_general(r, xs, p, aval):
-    (lc, rc), (lb, rb) = p["dimension_numbers"]
-    a, b = r.var(xs[0]), r.var(xs[1])
-    lf = [k for k in range(a.ndim) if k not in lc and k not in lb]
-    rf = [k for k in range(b.ndim) if k not in rc and k not in rb]
-    sa, sb = a.shape, b.shape
-    nb = int(np.prod([sa[k] for k in lb]))
-    m, n = int(np.prod([sa[k] for k in lf])), int(np.prod([sb[k] for k in rf]))
-    kk = int(np.prod([sa[k] for k in lc]))
-    a = _permute(r, a, list(lb) + lf + list(lc))
-    b = _permute(r, b, list(rb) + list(rc) + rf)
-    if lb:
-        out = tg.bmm(_reshape(r, a, (nb, m, kk)), _reshape(r, b, (nb, kk, n)))
+    def flat(*xs):
+        return f(*jax.tree.unflatten(tree, list(xs)))
+    try:
+        closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*leaves)
+    except jax.errors.ConcretizationTypeError as e:
+        raise TracingError(
+            "check_grads traces f the way jax.jit does, so Python control flow (if/while/bool()/int()) on a "
+            "value computed from the arguments cannot run: use jnp.where or lax.select for values, lax.cond / "
+            "lax.switch for branches, lax.fori_loop / lax.while_loop / lax.scan for loops, or close over a "
+            f"Python value that should stay static (check_grads(lambda x: f(x, flag), x)). JAX said: "
+            f"{str(e).splitlines()[0]}") from e
+    outs = jax.tree.leaves(out_shape)
+    if has_aux:
+        if not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
+            raise ValueError("check_grads: has_aux=True needs f to return a pair (value, aux)")
+        value_shape = out_shape[0]
     else:
-        out = tg.matmul(_reshape(r, a, (m, kk)), _reshape(r, b, (kk, n)))
-    return _reshape(r, out, aval.shape)
+        value_shape = out_shape
+    if not hasattr(value_shape, "shape") or value_shape.shape != () or np.dtype(value_shape.dtype).kind != "f":
+        got = [f"{o.dtype}{list(o.shape)}" for o in outs] if not has_aux else [str(value_shape)]
+        raise ValueError(f"check_grads: f must return one scalar (a float, as jax.grad needs), got {got}"
+                         + ("" if has_aux else "; pass has_aux=True if f returns (value, aux)"))
+    p.closed, p.plan = closed, Plan(closed)
+    p.aux_tree = jax.tree.structure(out_shape[1]) if has_aux else None
+    fun = jax.extend.core.jaxpr_as_fun(closed)
+    diff_idx = p.diff
+
+    keep = p.plan.needed([p.plan.in_slots[i] for i in diff_idx])
+
+    def jax_side(consts, xs):
+        vals, aux = p.plan.evaluate(consts, xs, keep)
+
+        def loss(*d):
+            ls = list(xs)
+            for i, v in zip(diff_idx, d):
+                ls[i] = v
+            o = fun(*ls)
+            return (o[0], o[1:]) if has_aux else o[0]
+        (v, aux_out), g = jax.value_and_grad(lambda *d: (loss(*d) if has_aux else (loss(*d), ())),
+                                             argnums=tuple(range(len(diff_idx))), has_aux=True)(
+            *[xs[i] for i in diff_idx])
+        return vals, aux, v, g, aux_out
+    p.jax_side = compiled(jax_side)
+    if len(_PREP) > 128:
+        _PREP.clear()
+    _PREP[key] = p
+    return p, leaves
 
 
-def _permute(r, v, perm):
-    perm = tuple(perm)
-    return v if perm == tuple(range(v.ndim)) else r.tape.apply(O.transpose, v, None, perm)
+# ── check_grads ──────────────────────────────────────────────────────────────
 
+def check_grads(f, *args, argnums=None, has_aux=False, rtol=1e-12, seed=0):
+    """Check ``jax.grad(f, argnums, has_aux)`` against tapegrad's reverse sweep of ``f``'s jaxpr.
 
-def _reshape(r, v, shape):
-    shape = tuple(int(n) for n in shape)
-    return v if tuple(v.shape) == shape else r.tape.apply(O.reshape, v, None, shape)
-
-
-def _broadcast_in_dim(r, xs, p, aval):
-    shape, dims = tuple(p["shape"]), tuple(p["broadcast_dimensions"])
-    v = r.var(xs[0])
-    mid = [1] * len(shape)
-    for k, d in enumerate(dims):
-        mid[d] = v.shape[k]
-    v = _reshape(r, v, mid)
-    return v if tuple(v.shape) == shape else r.tape.apply(O.broadcast_to, v, None, shape)
-
-
-def _reduce(opname):
-    def rule(r, xs, p, aval):
-        return r.tape.apply(getattr(O, opname), r.var(xs[0]), None, (tuple(sorted(p["axes"])), False))
-    return rule
-
-
-def _reduce_min(r, xs, p, aval):
-    t = r.tape
-    m = t.apply(O.max, _neg(t, r.var(xs[0])), None, (tuple(sorted(p["axes"])), False))
-    return _neg(t, m)
-
-
-def _slice(r, xs, p, aval):
-    if p.get("strides") not in (None, ()) and any(s != 1 for s in p["strides"]):
-        raise UnsupportedPrimitiveError(f"slice: strides {p['strides']} (only step 1 replays on the tape)")
-    s = tuple((int(lo), int(hi)) for lo, hi in zip(p["start_indices"], p["limit_indices"]))
-    return r.tape.apply(O.slice, r.var(xs[0]), None, s)
-
-
-def _concatenate(r, xs, p, aval):
-    return tg.concat([r.var(x) for x in xs], axis=int(p["dimension"]))
-
-
-def _select_n(r, xs, p, aval):
-    pred, cases = xs[0], xs[1:]
-    if not isinstance(pred, np.ndarray):
-        raise UnsupportedPrimitiveError("select_n: the mask depends on the arguments through a differentiable path")
-    # Σ_k case_k · [pred == k]: exact for finite cases (x·1 + y·0 = x); an inf/nan in an unselected
-    # branch poisons the result, which JAX's select would hide.
-    out = None
-    for k, c in enumerate(cases):
-        m = np.broadcast_to(np.asarray(pred).astype(np.int64) == k, aval.shape).astype(r.tape.dtype)
-        term = r.var(c) * m
-        out = term if out is None else out + term
-    return out
-
-
-def _identity(r, xs, p, aval):
-    return r.var(xs[0])
-
-
-def _convert(r, xs, p, aval):
-    if np.dtype(p["new_dtype"]).kind != "f":
-        raise UnsupportedPrimitiveError(f"convert_element_type to {p['new_dtype']} of a differentiable value")
-    return r.var(xs[0])  # the tape keeps its own dtype (float64): a cast to float32 is not replayed
-
-
-RULES = {
-    "add": _bin(lambda a, b: a + b), "add_any": _bin(lambda a, b: a + b),
-    "sub": _bin(lambda a, b: a - b), "mul": _bin(lambda a, b: a * b), "div": _bin(lambda a, b: a / b),
-    "max": _bin(tg.maximum), "min": _min,
-    "neg": _un("neg"), "exp": _un("exp"), "log": _un("log"), "tanh": _un("tanh"), "logistic": _un("sigmoid"),
-    "sqrt": _un("sqrt"), "abs": _un("abs"), "square": _un("square"),
-    "rsqrt": lambda r, xs, p, aval: r.tape.apply(O.rdivs, r.tape.apply(O.sqrt, r.var(xs[0])), None, 1.0),
-    "integer_pow": _integer_pow, "pow": _pow,
-    "dot_general": _dot_general, "broadcast_in_dim": _broadcast_in_dim,
-    "reshape": lambda r, xs, p, aval: _reshape(r, r.var(xs[0]), aval.shape),
-    "squeeze": lambda r, xs, p, aval: _reshape(r, r.var(xs[0]), aval.shape),
-    "expand_dims": lambda r, xs, p, aval: _reshape(r, r.var(xs[0]), aval.shape),
-    "transpose": lambda r, xs, p, aval: _permute(r, r.var(xs[0]), p["permutation"]),
-    "reduce_sum": _reduce("sum"), "reduce_max": _reduce("max"), "reduce_min": _reduce_min,
-    "slice": _slice, "concatenate": _concatenate, "select_n": _select_n,
-    "convert_element_type": _convert, "copy": _identity, "copy_p": _identity, "optimization_barrier": _identity,
-}
-# Piecewise-constant results (zero derivative): evaluated on the values, recorded as constants.
-CONSTANT = {"eq", "ne", "gt", "ge", "lt", "le", "sign", "floor", "ceil", "round", "argmax", "argmin",
-            "and", "or", "not", "xor", "is_finite", "iota", "stop_gradient", "population_count"}
-# Calls replayed by their primal body (param holding it).
-INLINE = {"jit": "jaxpr", "pjit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-          "remat": "jaxpr", "checkpoint": "jaxpr", "custom_jvp_call": "call_jaxpr",
-          "custom_vjp_call": "call_jaxpr", "custom_vjp_call_jaxpr": "fun_jaxpr"}
-
-
-def _open(j):
-    """(jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
-    return (j.jaxpr, list(j.consts)) if hasattr(j, "consts") else (j, [])
-
-
-def _scan(jaxpr, tainted, bad):
-    """Which outputs depend on the arguments; collect primitives that cannot replay on such values."""
-    env = {}
-
-    def t(x):
-        return False if isinstance(x, _core.Literal) else env.get(x, False)
-
-    for v, flag in zip(jaxpr.invars, tainted):
-        env[v] = flag
-    for eqn in jaxpr.eqns:
-        name = eqn.primitive.name
-        ins = [t(x) for x in eqn.invars]
-        if name in INLINE:
-            body, _ = _open(eqn.params[INLINE[name]])
-            outs = _scan(body, ins[len(ins) - len(body.invars):], bad)
-        elif name in CONSTANT or not any(ins):
-            outs = [False] * len(eqn.outvars)
-        else:
-            if name not in RULES:
-                bad.add(name)
-            outs = [True] * len(eqn.outvars)
-        for v, flag in zip(eqn.outvars, outs):
-            env[v] = flag
-    return [t(x) for x in jaxpr.outvars]
-
-
-def _summary(eqn):
-    """One line for an equation; a call shows its name instead of its body."""
-    lines = str(eqn).strip().splitlines()
-    if len(lines) == 1:
-        return lines[0]
-    name = re.search(r"\bname=(\S+)", str(eqn))
-    return f"{lines[0]}name={name.group(1) if name else '?'}{lines[-1].strip()}"
-
-
-def _eval_jax(eqn, vals):
-    params = eqn.primitive.get_bind_params(eqn.params)
-    out = eqn.primitive.bind(*vals, **params)
-    return list(out) if eqn.primitive.multiple_results else [out]
-
-
-def _diff(t, j):
-    t, j = np.asarray(t, np.float64), np.asarray(j, np.float64)
-    if t.shape != j.shape:
-        return np.inf, np.inf
-    if not t.size:
-        return 0.0, 0.0
-    both = np.isnan(t) & np.isnan(j) | (t == j)
-    d = np.where(both, 0.0, np.abs(t - j))
-    a = float(d.max())
-    scale = float(np.abs(np.where(np.isfinite(j), j, 0.0)).max())
-    return a, (a / scale if scale else (0.0 if a == 0 else np.inf))
-
-
-class _Replay:
-    """Walks a jaxpr, recording each equation on the tape and evaluating it with JAX alongside."""
-
-    def __init__(self, tape, rtol, compare=True):
-        self.tape, self.rtol, self.compare = tape, rtol, compare
-        self.index = 0
-        self.divergence = None
-        self.eqns = []           # (index, eqn, tape invals, jax invals) in replay order
-
-    def var(self, x):
-        if isinstance(x, tg.Var):
-            return x
-        return self.tape.const(np.asarray(x, dtype=self.tape.dtype))
-
-    def value(self, x):
-        return np.asarray(self.tape.value(x)) if isinstance(x, tg.Var) else np.asarray(x)
-
-    def run(self, jaxpr, consts, args, jargs):
-        env, jenv = {}, {}
-
-        def read(x):
-            if isinstance(x, _core.Literal):
-                return np.asarray(x.val), x.val
-            return env[x], jenv[x]
-
-        for v, c in zip(jaxpr.constvars, consts):
-            env[v], jenv[v] = np.asarray(c), c
-        for v, a, j in zip(jaxpr.invars, args, jargs):
-            env[v], jenv[v] = a, j
-        for eqn in jaxpr.eqns:
-            ins = [read(x) for x in eqn.invars]
-            xs, js = [i[0] for i in ins], [i[1] for i in ins]
-            name = eqn.primitive.name
-            if name in INLINE:
-                body, bconsts = _open(eqn.params[INLINE[name]])
-                n = len(body.invars)
-                outs, jouts = self.run(body, bconsts, xs[len(xs) - n:], js[len(js) - n:])
-            else:
-                k = self.index
-                self.index += 1
-                self.eqns.append((k, eqn, xs, js))
-                jouts = _eval_jax(eqn, js)
-                if name in CONSTANT or not any(isinstance(x, tg.Var) for x in xs):
-                    outs = [np.asarray(o) for o in _eval_jax(eqn, [self.value(x) for x in xs])]
-                else:
-                    outs = [RULES[name](self, xs, eqn.params, eqn.outvars[0].aval)]
-                if self.compare and self.divergence is None:
-                    for o, jo in zip(outs, jouts):
-                        if np.asarray(jo).dtype.kind == "f":
-                            a, rel = _diff(self.value(o), jo)
-                            if rel > self.rtol:
-                                self.divergence = Divergence(k, _summary(eqn), "value", a, rel)
-                                break
-            for v, o, jo in zip(eqn.outvars, outs, jouts):
-                env[v], jenv[v] = o, jo
-        return [read(x)[0] for x in jaxpr.outvars], [read(x)[1] for x in jaxpr.outvars]
-
-
-def _local_vjp(eqn, jvals, rtol, rng):
-    """Tape backward vs ``jax.vjp`` of one equation at JAX's input values; None when they agree."""
-    idx = [k for k, (x, v) in enumerate(zip(eqn.invars, jvals))
-           if not isinstance(x, _core.Literal) and np.asarray(v).dtype.kind == "f"]
-    if not idx or len(eqn.outvars) != 1 or np.dtype(eqn.outvars[0].aval.dtype).kind != "f":
-        return None
-
-    def f(*diff):
-        vals = list(jvals)
-        for k, d in zip(idx, diff):
-            vals[k] = d
-        return _eval_jax(eqn, vals)[0]
-
-    out, vjp = jax.vjp(f, *(jnp.asarray(jvals[k]) for k in idx))
-    ct = rng.standard_normal(np.shape(out))
-    jgrads = vjp(jnp.asarray(ct, out.dtype))
-    tape = tg.Tape()
-    xs = [tape.param(np.asarray(v, np.float64)) if k in idx else np.asarray(v) for k, v in enumerate(jvals)]
-    r = _Replay(tape, rtol, compare=False)
-    jaxpr = SimpleNamespace(constvars=[], invars=[v for v in eqn.invars if not isinstance(v, _core.Literal)],
-                            outvars=eqn.outvars, eqns=[eqn])  # all _Replay.run reads of a jaxpr
-    args = [x for x, v in zip(xs, eqn.invars) if not isinstance(v, _core.Literal)]
-    (y,), _ = r.run(jaxpr, [], args, [jvals[k] for k, v in enumerate(eqn.invars) if not isinstance(v, _core.Literal)])
-    if not isinstance(y, tg.Var):
-        return None
-    tape.backward(y, seed=ct)
-    worst = (0.0, 0.0)
-    for k, jg in zip(idx, jgrads):
-        worst = max(worst, _diff(tape.grad(xs[k]), jg), key=lambda d: d[1])
-    return worst if worst[1] > rtol else None
-
-
-def check_grads(f, *args, rtol=1e-12, seed=0):
-    """Check ``jax.grad(f)`` against tapegrad's reverse sweep of ``f``'s jaxpr; returns a ``GradReport``.
-
-    ``f`` is any scalar-valued function written in ``jax.numpy``/``lax``; ``args`` are float arrays or
-    pytrees of them (every leaf is differentiated). Unsupported primitives on differentiable values
-    raise ``UnsupportedPrimitiveError`` naming all of them; anything computed from constants only is
-    evaluated by JAX and enters the tape as a constant. Replayed in float64.
+    ``f`` is a scalar-valued JAX function (``jax.numpy``, ``lax``, ``jax.nn``, control flow,
+    ``custom_vjp``…); ``args`` are arrays or pytrees. ``argnums`` as in ``jax.grad`` (None: every
+    argument); integer, boolean and key leaves are data, never differentiated or cast; float leaves
+    are checked in float64 (inside a scoped x64 context). Returns a ``GradReport``; primitives the
+    tape cannot replay on differentiable values raise ``UnsupportedPrimitiveError`` naming them all.
+    Like ``jax.jit``, the trace and JAX's compiled side are cached per function and argument types.
 
     >>> import interop
-    >>> r = interop.check_grads(lambda w: interop.jnp.tanh(w @ w).sum(), interop.jnp.eye(3))
+    >>> from interop import jnp
+    >>> r = interop.check_grads(lambda w: jnp.tanh(w @ w).sum(), jnp.eye(3))
     >>> r.ok, r.grads[0].shape, r.max_rel[0] <= 1e-12
     (True, (3, 3), True)
+    >>> loss = lambda w, x, labels: -jnp.take_along_axis(jax.nn.log_softmax(x @ w), labels[:, None], 1).mean()
+    >>> r = interop.check_grads(loss, jnp.ones((3, 2)), jnp.eye(3), jnp.array([0, 1, 1]), argnums=0)
+    >>> r.ok, r.grads.shape
+    (True, (3, 2))
     """
-    leaves, tree = jax.tree.flatten(args)
-    leaves = [jnp.asarray(x, jnp.float64) if np.asarray(x).dtype.kind in "fiu" else jnp.asarray(x) for x in leaves]
-    flat = lambda *xs: f(*jax.tree.unflatten(tree, list(xs)))  # noqa: E731
-    closed = jax.make_jaxpr(flat)(*leaves)
-    jaxpr, consts = closed.jaxpr, closed.consts
-    if len(jaxpr.outvars) != 1 or np.shape(jaxpr.outvars[0].aval) != ():
-        raise ValueError(f"check_grads: f must return one scalar (as jax.grad needs), got "
-                         f"{[str(v.aval) for v in jaxpr.outvars]}")
-    bad = set()
-    _scan(jaxpr, [True] * len(leaves), bad)
-    if bad:
-        raise UnsupportedPrimitiveError(f"check_grads: cannot replay {sorted(bad)} on a tape (applied to values "
-                                        f"that depend on the arguments); supported: {sorted(RULES)} plus "
-                                        f"calls {sorted(INLINE)} and piecewise-constant {sorted(CONSTANT)}")
-    tape = tg.Tape()
-    params = [tape.param(np.asarray(x)) for x in leaves]
-    rep = _Replay(tape, rtol)
-    (out,), (jout,) = rep.run(jaxpr, consts, params, leaves)
-    jvalue, jgrads = jax.value_and_grad(flat, argnums=tuple(range(len(leaves))))(*leaves)
-    if isinstance(out, tg.Var):
-        tape.backward(out)
-        grads = [np.array(tape.grad(p)) for p in params]
-        value = float(tape.value(out))
-    else:
-        grads, value = [np.zeros(np.shape(x)) for x in leaves], float(out)
-    diffs = [_diff(g, jg) for g, jg in zip(grads, jgrads)]
-    ok = all(r <= rtol for _, r in diffs)
-    report = GradReport(ok=ok, grads=jax.tree.unflatten(tree, grads),
-                        jax_grads=jax.tree.unflatten(tree, [np.asarray(g) for g in jgrads]),
-                        value=value, jax_value=float(jvalue), max_abs=tuple(a for a, _ in diffs),
-                        max_rel=tuple(r for _, r in diffs), rtol=rtol, first_divergence=rep.divergence,
-                        n_eqns=rep.index)
-    if not ok and rep.divergence is None:
-        rng = np.random.default_rng(seed)
-        for k, eqn, _, js in _top_level(jaxpr, consts, leaves, rep):
-            d = _local_vjp(eqn, js, rtol, rng)
-            if d is not None:
-                report.first_divergence = Divergence(k, _summary(eqn), "vjp", *d)
-                break
+    with jax.enable_x64(True), np.errstate(all="ignore"):   # non-finite values are reported, not warned
+        return _check(f, args, argnums, has_aux, rtol, seed)
+
+
+def assert_grads(f, *args, argnums=None, has_aux=False, rtol=1e-12, seed=0, allow_kinks=True):
+    """Like ``check_grads`` but raises ``GradientMismatchError`` (an ``AssertionError``) with the report.
+
+    The form of ``jax.test_util.check_grads``; returns the report when the gradients agree (or
+    differ only at kinks, unless ``allow_kinks=False``).
+
+    >>> import interop
+    >>> from interop import jnp
+    >>> _ = interop.assert_grads(lambda x: jnp.sum(jnp.tanh(x) ** 2), jnp.linspace(0.0, 1.0, 4))
+    """
+    report = check_grads(f, *args, argnums=argnums, has_aux=has_aux, rtol=rtol, seed=seed)
+    if not report.ok or (report.verdict == "kink" and not allow_kinks):
+        raise GradientMismatchError(str(report))
     return report
 
 
-def _top_level(jaxpr, consts, leaves, rep):
-    """Equations in evaluation order with JAX's input values, calls as single units before their bodies.
+def _check(f, args, argnums, has_aux, rtol, seed):
+    p, leaves = _prepare(f, args, argnums, has_aux)
+    try:
+        vals, aux, jvalue, jgrads, jaux = p.jax_side(p.plan.const_vals, leaves)
+    except (ValueError, TypeError, NotImplementedError) as e:
+        raise type(e)(f"check_grads: jax.grad itself cannot differentiate f, so there is nothing to check "
+                      f"against: {str(e).splitlines()[0]}") from e
+    full = []
 
-    The local VJP check must see a ``custom_vjp_call`` whole (that is where a user's rule lives), so
-    this walks the jaxpr again, yielding each call before the equations inside it.
+    def full_env():
+        """JAX's value of every step (compiled only when a divergence must be located)."""
+        if not full:
+            FULL_EVALUATIONS[0] += 1
+            full.append(p.plan.values(leaves))
+        return full[0]
+
+    r, out, params = _replay(p, leaves, JEnv(vals, aux, full_env), rtol, compare=False)
+    if r.unsupported:
+        raise UnsupportedPrimitiveError(_unsupported_message(r.unsupported))
+    tape = r.tape
+    if isinstance(out, tg.Var):
+        tape.backward(out)
+        grads = [np.array(tape.grad(params[i])) for i in p.diff]
+        value = float(tape.value(out))
+    else:
+        grads, value = [np.zeros(np.shape(leaves[i])) for i in p.diff], float(jvalue)
+    jgrads = [np.asarray(g) for g in jgrads]
+    bound, precision = rtol, None
+    if r.lowp is not None:
+        dt, text, index, _ = r.lowp
+        bound = lowp_bound(float(jnp.finfo(dt).eps), rtol)
+        precision = Precision(str(dt), text, index, bound)
+    diffs = [diff(g, jg) for g, jg in zip(grads, jgrads)]
+    vdiff = diff(value, float(jvalue))
+    # Normwise per leaf; a leaf whose gradient is at rounding level next to the others (a bias whose
+    # terms cancel) is held to the bound normwise over the whole gradient instead.
+    whole = max([float(np.abs(np.where(np.isfinite(g), g, 0.0)).max(initial=0.0)) for g in jgrads] + [0.0])
+    error = max([min(rel, a / whole if whole else (0.0 if a == 0 else np.inf)) for a, rel in diffs] + [0.0])
+    grads_ok = error <= bound
+    value_ok = vdiff[1] <= bound
+    report = GradReport(ok=grads_ok and value_ok, grads=_shape_like(p, leaves, grads),
+                        jax_grads=_shape_like(p, leaves, jgrads), value=value, jax_value=float(jvalue),
+                        max_abs=tuple(a for a, _ in diffs), max_rel=tuple(x for _, x in diffs), rtol=rtol,
+                        n_eqns=r.index, bound=bound, error=error, precision=precision,
+                        leaves=tuple(p.names[i] for i in p.diff),
+                        aux=jax.tree.unflatten(p.aux_tree, list(jaux)) if has_aux else None)
+    if any(getattr(x, "dtype", None) == np.float32 for x in jax.tree.leaves(args)):
+        report.notes.append("float32 arguments were checked in float64")
+    if report.ok:
+        return report
+    report.verdict = "mismatch"
+    env = full_env()
+    located, _, _ = _replay(p, leaves, env, rtol, compare=True)
+    if located.divergence is not None:
+        index, text, where, a, rel = located.divergence
+        report.first_divergence = Divergence(index, text, "value", a, rel, where)
+        if not value_ok:
+            return report
+    if not value_ok and located.divergence is None:
+        report.notes.append("the values differ although every step agrees with JAX's own evaluation of it: a "
+                            "custom_jvp/custom_vjp rule returns another primal output than its body computes")
+    failures = []
+    _search(p.plan, env, p.plan.units, "", rtol, np.random.default_rng(seed), failures, located.tainted)
+    kinks = [k for _, k in failures if isinstance(k, Kink)]
+    if failures and value_ok and len(kinks) == len(failures):
+        report.ok, report.verdict, report.kinks = True, "kink", kinks
+        report.first_divergence = None
+        return report
+    report.kinks = kinks
+    for d, k in failures:
+        if not isinstance(k, Kink):
+            report.first_divergence = report.first_divergence or d
+            break
+    return report
+
+
+def _replay(p, leaves, jenv, rtol, compare):
+    """Record ``f`` on a fresh tape: (the Replay, the loss Var or None, {leaf index: param Var})."""
+    tape = tg.Tape(sources=False)
+    params = {i: tape.param(np.asarray(leaves[i])) for i in p.diff}
+    tenv = {p.plan.in_slots[i]: v for i, v in params.items()}
+    r = Replay(tape, rtol, compare=compare)
+    out = r.run(p.plan, tenv, jenv, top=True)[0]
+    return r, out, params
+
+
+def _shape_like(p, leaves, grads):
+    """Gradients in ``jax.grad``'s form for the argnums: per argument pytrees, None for non-float leaves."""
+    full = [None] * len(leaves)
+    for i, g in zip(p.diff, grads):
+        full[i] = g
+    per_arg = jax.tree.unflatten(p.tree, full)
+    if p.argnums is None:
+        return tuple(per_arg)
+    if isinstance(p.argnums, int):
+        return per_arg[p.which[0]]
+    return tuple(per_arg[a] for a in p.which)
+
+
+def _unsupported_message(found):
+    parts = []
+    for name in sorted(found):
+        why = found[name]
+        if isinstance(why, list) and why:
+            parts.append(f"{name} (needs tg.{', tg.'.join(why)}, which this tapegrad lacks)")
+        elif isinstance(why, str):
+            parts.append(f"{name} ({why})")
+        else:
+            parts.append(name)
+    return (f"check_grads: cannot replay {sorted(found)} on a tape (applied to values that depend on the "
+            f"differentiated arguments): {'; '.join(parts)}. Everything computed from constants, integers or keys "
+            f"only is evaluated by JAX; interop.oracle.primitive_table() lists what replays")
+
+
+# ── locating a divergence: local VJP checks, descending into calls, loops and branches ─────────
+
+_VJP = {}
+
+
+def _vjp_fn(eqn, fl, fo):
+    key = (id(eqn), tuple(fl), tuple(fo))
+    hit = _VJP.get(key)
+    if hit is None or hit[0] is not eqn:
+        def run(diff_vals, all_vals, cts):
+            def g(*d):
+                vals = list(all_vals)
+                for i, v in zip(fl, d):
+                    vals[i] = v
+                outs = bind(eqn, vals)
+                return [outs[j] for j in fo]
+            return jax.vjp(g, *diff_vals)[1](cts)
+        if len(_VJP) > 2048:
+            _VJP.clear()
+        hit = _VJP[key] = (eqn, compiled(run))
+    return hit[1]
+
+
+def _local(plan, jenv, u, rtol, rng, ins=None, ct=None):
+    """Tape backward of unit ``u`` vs ``jax.vjp`` of its equation at JAX's inputs; None when they agree.
+
+    Returns ``(max_abs, max_rel, replay, grads by slot, jax grads by slot, inputs, cotangents)``.
     """
-    out = []
-    k = [0]
+    eqn = u.eqn
+    jin = [jenv.jax(s) for s in u.ins] if ins is None else ins
+    fl = [i for i, (s, v) in enumerate(zip(u.ins, eqn.invars))
+          if not isinstance(s, Literal) and is_float(v.aval)]
+    fo = [j for j, v in enumerate(eqn.outvars) if is_float(v.aval)]
+    if not fl or not fo:
+        return None
+    if ct is None:
+        ct = [rng.standard_normal(tuple(eqn.outvars[j].aval.shape)) for j in fo]
+    cts = [jnp.asarray(c, eqn.outvars[j].aval.dtype) for c, j in zip(ct, fo)]
+    jg = _vjp_fn(eqn, fl, fo)([jin[i] for i in fl], list(jin), cts)
+    tape = tg.Tape(sources=False)
+    r = Replay(tape, rtol, compare=False)
+    slots = []
+    for i in fl:
+        if u.ins[i] not in slots:
+            slots.append(u.ins[i])
+    first = {s: fl[[u.ins[i] for i in fl].index(s)] for s in slots}
+    tenv = {s: tape.param(np.asarray(jin[first[s]], np.float64)) for s in slots}
+    params = dict(tenv)
+    if ins is None:
+        r.run(plan, tenv, jenv, u.start, u.end)
+    else:   # the equation alone at other inputs, JAX's intermediate values recomputed there
+        _run_sub(r, eqn, u, tenv, jin)
+    loss = None
+    for c, j in zip(ct, fo):
+        s = u.outs[j]
+        o = None if isinstance(s, Literal) else tenv.get(s)
+        if isinstance(o, tg.Var):
+            term = (o * r.var(c)).sum() if o.ndim else o * r.var(c)
+            loss = term if loss is None else loss + term
+    tg_grads = {s: np.zeros(np.shape(jin[first[s]])) for s in slots}
+    if loss is not None:
+        tape.backward(loss)
+        tg_grads = {s: np.array(tape.grad(params[s])) for s in slots}
+    j_grads = {s: np.zeros(np.shape(jin[first[s]])) for s in slots}
+    for i, g in zip(fl, jg):
+        j_grads[u.ins[i]] = j_grads[u.ins[i]] + np.asarray(g, np.float64)
+    bound = lowp_bound(float(jnp.finfo(r.lowp[0]).eps), rtol) if r.lowp else rtol
+    whole = max(float(np.abs(np.where(np.isfinite(g), g, 0.0)).max(initial=0.0)) for g in j_grads.values())
+    worst = (0.0, 0.0)
+    for s in slots:
+        a, rel = diff(tg_grads[s], j_grads[s])
+        if rel > bound and a > bound * whole:   # the same whole-gradient floor as the global comparison
+            worst = max(worst, (a, rel), key=lambda d: d[1])
+    if worst == (0.0, 0.0):
+        return None
+    return worst + (r, tg_grads, j_grads, jin, ct)
 
-    def walk(jx, cs, vals):
-        env = dict(zip(jx.constvars, cs))
-        env.update(zip(jx.invars, vals))
-        read = lambda x: x.val if isinstance(x, _core.Literal) else env[x]  # noqa: E731
-        for eqn in jx.eqns:
-            js = [read(x) for x in eqn.invars]
-            name = eqn.primitive.name
-            if name in INLINE:
-                out.append((k[0], eqn, None, js))
-                body, bcs = _open(eqn.params[INLINE[name]])
-                res = walk(body, bcs, js[len(js) - len(body.invars):])
-            else:
-                out.append((k[0], eqn, None, js))
-                k[0] += 1
-                res = _eval_jax(eqn, js)
-            env.update(zip(eqn.outvars, res))
-        return [read(x) for x in jx.outvars]
 
-    walk(jaxpr, consts, leaves)
+def _sub_plan(eqn):
+    """A one-equation plan (the call inlined) for evaluating ``eqn`` at other inputs."""
+    key = ("sub", id(eqn))
+    hit = _VJP.get(key)
+    if hit is None or hit[0] is not eqn:
+        seen, invars = set(), []
+        for v in eqn.invars:
+            if not isinstance(v, Literal) and v not in seen:
+                seen.add(v)
+                invars.append(v)
+        jx = SimpleNamespace(constvars=[], invars=invars, outvars=list(eqn.outvars), eqns=[eqn])  # what Plan reads
+        hit = _VJP[key] = (eqn, Plan(jx), invars)
+    return hit[1], hit[2]
+
+
+def _run_sub(r, eqn, u, tenv, jin):
+    """Replay ``eqn`` alone at inputs ``jin`` (JAX's intermediate values recomputed there)."""
+    plan, invars = _sub_plan(eqn)
+    by_var = {}
+    for v, s, x in zip(eqn.invars, u.ins, jin):
+        if not isinstance(v, Literal):
+            by_var[v] = (s, x)
+    env_ins = [by_var[v][1] for v in invars]
+    jenv = plan.values(env_ins)
+    sub = {ps: tenv[by_var[v][0]] for ps, v in zip(plan.in_slots, invars) if by_var[v][0] in tenv}
+    outs = r.run(plan, sub, jenv)
+    for s, o in zip(u.outs, outs):
+        if o is not None and not isinstance(s, Literal):
+            tenv[s] = o
+
+
+
+def _nudged(u, jin, rng):
+    out = list(jin)
+    for i, (s, v) in enumerate(zip(u.ins, u.eqn.invars)):
+        if not isinstance(s, Literal) and is_float(v.aval):
+            x = np.asarray(jin[i], np.float64)
+            scale = 1e-7 * (float(np.abs(x).max()) + 1.0) if x.size else 0.0
+            out[i] = jnp.asarray(x + scale * rng.uniform(0.5, 1.0, x.shape) * rng.choice([-1.0, 1.0], x.shape),
+                                 v.aval.dtype)
     return out
+
+
+def _classify(plan, jenv, u, res, index, where, rtol, rng):
+    """A Kink when the difference sits at an exact kink and vanishes with the inputs nudged off it."""
+    a, rel, r, tg_g, j_g, jin, ct = res
+    if not r.kinks:
+        return None
+    try:
+        again = _local(plan, jenv, u, rtol, rng, ins=_nudged(u, jin, rng))
+    except Exception:   # noqa: BLE001 — a nudge that JAX cannot evaluate says nothing either way
+        return None
+    if again is not None:
+        return None
+    elements, jtxt, ttxt = 0, "", ""
+    for s in tg_g:
+        d = np.abs(tg_g[s] - j_g[s]) > rtol * max(1.0, float(np.abs(j_g[s]).max(initial=0.0)))
+        elements += int(d.sum())
+    fl = [i for i, (s, v) in enumerate(zip(u.ins, u.eqn.invars)) if not isinstance(s, Literal) and is_float(v.aval)]
+    fo = [j for j, v in enumerate(u.eqn.outvars) if is_float(v.aval)]
+    if len(fl) == 1 and len(fo) == 1 and tuple(u.eqn.outvars[fo[0]].aval.shape) == np.shape(jin[fl[0]]):
+        ones = [np.ones(np.shape(ct[0]))]
+        d1 = _local(plan, jenv, u, rtol, rng, ins=None, ct=ones)
+        if d1 is not None:
+            s = u.ins[fl[0]]
+            m = np.abs(d1[3][s] - d1[4][s]) > 0
+            jtxt = "d/dx = " + ", ".join(f"{v:g}" for v in np.unique(d1[4][s][m]))
+            ttxt = "d/dx = " + ", ".join(f"{v:g}" for v in np.unique(d1[3][s][m]))
+    if not jtxt:
+        jtxt, ttxt = "one gradient", "another (non-elementwise rule)"
+    detail = "; ".join(k[3] for k in r.kinks[:3])
+    return Kink(index, summary(u.eqn), elements, jtxt, ttxt, detail, where)
+
+
+def _search(plan, jenv, units, where, rtol, rng, out, tainted=None, top=None):
+    """Append ``(Divergence, Kink or None)`` for every innermost unit whose local VJP differs.
+
+    ``top``: the top-level step inside which this plan runs (None at the top level itself).
+    """
+    for u in units:
+        if tainted is not None and not any(k in tainted for k in range(u.start, u.end)):
+            continue
+        res = _local(plan, jenv, u, rtol, rng)
+        if res is None:
+            continue
+        index = u.start if top is None else top
+        n0 = len(out)
+        if u.children:
+            _search(plan, jenv, u.children, where, rtol, rng, out, tainted, top)
+        elif u.eqn.primitive.name in CONTROL:
+            here = f"{where} › " if where else ""
+            for label, body, env in loop_envs(u.eqn, [jenv.jax(s) for s in u.ins]):
+                _search(body, env, body.units, f"{here}{u.eqn.primitive.name} (step {index}) › {label}", rtol, rng,
+                        out, None, index)
+        if len(out) == n0:
+            d = Divergence(index, summary(u.eqn), "vjp", res[0], res[1], where)
+            out.append((d, _classify(plan, jenv, u, res, index, where, rtol, rng)))

@@ -14,16 +14,19 @@ Known differences (measured by tests/test_oracle_optim.py):
   sums in registration order; optax's ``optax.tree.norm`` reduces each leaf with XLA's reduction
   order, so the norm (and everything scaled by it) can differ by an ulp from the first clipped step.
 """
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 import tapegrad as tg
 
 from ._jax import jax
 
 
-def optax_chain(opt):
+def optax_chain(opt: tg.optim.Optimizer) -> Any:
     """The optax ``GradientTransformation`` matching a tapegrad optimizer's configuration.
 
     Per-parameter L2 must take at most one nonzero value (optax's ``add_decayed_weights`` has one
@@ -53,16 +56,18 @@ def optax_chain(opt):
 class ParityReport:
     """``first_diff``: the 1-based step after which parameters first differ (None: identical throughout)."""
     steps: int
-    first_diff: object
+    first_diff: Optional[int]
     max_abs: float            # max |tapegrad − optax| over parameters after the last step
     max_rel: float
 
     @property
-    def identical(self):
+    def identical(self) -> bool:
         return self.first_diff is None
 
 
-def compare_with_optax(opt, init, grad_fn, steps=100, jit=True):
+def compare_with_optax(opt: tg.optim.Optimizer, init: Sequence[ArrayLike],
+                       grad_fn: Callable[[int, list[np.ndarray]], Sequence[ArrayLike]], steps: int = 100,
+                       jit: bool = True) -> ParityReport:
     """Run ``opt`` (fresh, unregistered) on a tape and its ``optax_chain`` side by side for ``steps`` steps.
 
     ``init``: list of initial parameter arrays; ``grad_fn(step, params) -> list of gradients``
@@ -92,7 +97,7 @@ def compare_with_optax(opt, init, grad_fn, steps=100, jit=True):
     first = None
     for k in range(steps):
         gt = grad_fn(k, [np.asarray(tape.value(w)) for w in ws])
-        loss = None
+        loss: Any = None   # the sum of the terms, built term by term
         for w, g in zip(ws, gt):
             term = (w * tape.const(g)).sum()
             loss = term if loss is None else loss + term

@@ -6,19 +6,30 @@ compiled by tapegrad's content-hashed build cache (``tapegrad.native.build``) an
 after ``jax.devices()`` under target names carrying the source hash. A program is loaded into the
 handler's native table under ``program.hash64``; the HLO carries only that hash (attribute ``prog``).
 
-Without a C compiler (or for a NumPy-backend program) the same functions run the program through
-``interop.callback`` (zero-copy host callback) with the same results: both paths copy the operands
-into the program's slots, run the program's own code, and copy the results out.
+The handler runs the program on XLA's own buffers: it points a per-device copy of the program's
+pointer table at the operands and results (no copies in or out), so the episode's parameters and
+optimizer state are updated where XLA keeps them (in place when donated), and shards on different
+host devices run at the same time on their own instances. Without a C compiler (or for a NumPy-backend
+program) the same functions run the program through ``interop.callback`` (zero-copy host callback),
+which copies the operands into the program's slots, runs the program's own code and copies the
+results out; both paths give the same bits.
 """
 import ctypes
 import hashlib
+import logging
 import os
 import threading
+from collections.abc import Mapping
+from typing import Any, Callable, NamedTuple, Optional, Union
 
 import numpy as np
 
-from ._jax import jax, jnp
+from tapegrad.capture import Program
+from tapegrad.errors import TapeError
+
+from ._jax import jax, jnp, x64_enabled
 from .callback import host_call
+from .function import first_order
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LOCK = threading.Lock()
@@ -28,8 +39,11 @@ _HOST_LOCKS = {}   # id(program) -> (program, lock) for the host-callback path
 TARGETS = ("value", "value_and_grad", "episode", "episode_flat")
 
 
-class ProgramError(ValueError):
-    """A program call with the wrong arguments (count, shape, dtype) or a program that cannot be used."""
+class ProgramError(TapeError, ValueError):
+    """A program call with the wrong arguments (count, shape, dtype) or a program that cannot be used.
+
+    Part of tapegrad's error family: ``except tapegrad.TapeError`` catches it too.
+    """
 
 
 # ── the native library ───────────────────────────────────────────────────────
@@ -42,11 +56,11 @@ def _source():
     return header + "\n" + body
 
 
-def native_library():
+def native_library() -> Optional[tuple[ctypes.CDLL, dict[str, str]]]:
     """``(ctypes.CDLL, {kind: target name})`` of the registered FFI handlers, or None without a compiler.
 
     Built once per process through tapegrad's build cache; registered with XLA for the CPU platform
-    only after the backend exists (``jax.devices()``), as research/interop.md §3 requires.
+    only after the backend exists (``jax.devices()``), as docs/interop.md ("The FFI handler") explains.
     """
     with _LOCK:
         if "lib" in _LIB:
@@ -58,10 +72,13 @@ def native_library():
             path = build.build(src, name="tg_xla")
         except (ImportError, BuildError, OSError) as e:
             _LIB["lib"], _LIB["why"] = None, f"{type(e).__name__}: {e}"
+            logging.getLogger("tapegrad").info("interop: the native FFI handler is unavailable, programs run "
+                                               "through the host callback instead (%s)", _LIB["why"])
             return None
         lib = ctypes.CDLL(path)
         lib.tg_load.argtypes, lib.tg_load.restype = [ctypes.c_void_p], ctypes.c_int
         lib.tg_unload.argtypes, lib.tg_unload.restype = [ctypes.c_int64], ctypes.c_int
+        lib.tg_stats.argtypes, lib.tg_stats.restype = [ctypes.c_int64, ctypes.c_void_p], ctypes.c_int
         jax.devices()
         h8 = hashlib.sha256(src.encode()).hexdigest()[:8]
         names = {}
@@ -72,7 +89,7 @@ def native_library():
         return _LIB["lib"]
 
 
-def load(program):
+def load(program: Program) -> int:
     """Put ``program`` into the native table under ``program.hash64`` (idempotent); returns the hash.
 
     The program and the buffers its ABI names are pinned for the life of the process: a jitted
@@ -84,24 +101,89 @@ def load(program):
     abi = program.native_abi()
     h = program.hash64
     es = np.dtype(abi["dtype"]).itemsize
-    slots = abi["params"] + abi["grads"] + abi["inputs"] + abi["opt_state"]
-    desc = [_i64(h), abi["forward"], abi["backward"], abi["episode"], abi["ctx"], abi["loss"],
-            abi["step_scalars"], es, len(abi["params"]), len(abi["inputs"]), len(abi["opt_state"])]
-    for ptr, shape in slots:
-        desc += [ptr, int(np.prod(shape))]
+    desc = [_i64(h), abi["forward"], abi["backward"], abi["episode"], abi["ctx"], abi["sizes"], abi["table_len"],
+            abi["loss_index"], es, len(abi["params"]), len(abi["inputs"]), len(abi["opt_state"])]
+    desc += abi["param_index"] + abi["input_index"] + abi["grad_index"]
+    get, set_ = _blas_threads(program)
+    big = any(program.nodes[k][0].kind == "matmul" and _mnk(program, k) > OPENBLAS_THREADED for k in program.compute)
+    desc += [get, set_, int(big), SPLIT_PRODUCTS]
     arr = np.array(desc, np.int64)
     if lib[0].tg_load(arr.ctypes.data) != 0:
         raise MemoryError("load: tg_load could not allocate its table entry")
     _PINNED[h] = (program, program.opt, program.runner)
+    program.__dict__.setdefault("_ffi_hashes", set()).add(h)
+    hooks = program.__dict__.setdefault("_attach_hooks", [])
+    if _reattached not in hooks:
+        hooks.append(_reattached)
     return h
 
 
-def unload(program_or_hash):
+def _reattached(program):
+    """``program.attach`` replaced the optimizer state buffers the native table points into.
+
+    The entry under the program's hash is re-pointed at the new buffers (a jitted step keeps working,
+    on the new state); entries under hashes the program no longer has (another optimizer config) are
+    dropped, so executables traced for the old configuration fail with an error instead of running on
+    stale state.
+    """
+    now = program.hash64
+    hashes = program.__dict__.get("_ffi_hashes", set())
+    for h in sorted(hashes):
+        if h != now:
+            unload(h)
+            _PINNED.pop(h, None)
+            hashes.discard(h)
+    if now in hashes:
+        load(program)
+
+
+# Inside the handler, products of at least SPLIT_PRODUCTS multiply-adds are split by rows over XLA's
+# intra-op thread pool, one single-threaded BLAS call per part (experiments/bench_interop.py, medium and
+# large). OpenBLAS starts its own threads from about 4·65536 multiply-adds (its GEMM_MULTITHREAD_THRESHOLD);
+# programs with a product above OPENBLAS_THREADED run with OpenBLAS single-threaded during the call.
+SPLIT_PRODUCTS = 1 << 20
+OPENBLAS_THREADED = 1 << 16
+
+
+def _mnk(program, k):
+    _, a, b, _ = program.nodes[k]
+    return int(np.prod(program.shapes[a])) * int(program.shapes[b][-1])
+
+
+def _blas_threads(program):
+    """Addresses of OpenBLAS's get/set thread-count functions in the BLAS the program calls (0, 0 if
+    that BLAS is not an OpenBLAS exporting them)."""
+    from tapegrad.native import runner
+    path = runner.blas_pointers(program.dtype)[3]
+    if not os.path.exists(path):
+        return 0, 0
+    lib = ctypes.CDLL(path)
+    for suffix in ("64_", "_64_", ""):
+        for pre in ("scipy_openblas", "openblas"):
+            get = getattr(lib, f"{pre}_get_num_threads{suffix}", None)
+            set_ = getattr(lib, f"{pre}_set_num_threads{suffix}", None)
+            if get is not None and set_ is not None:
+                return (ctypes.cast(get, ctypes.c_void_p).value, ctypes.cast(set_, ctypes.c_void_p).value)
+    return 0, 0
+
+
+def unload(program_or_hash: Union[Program, int]) -> bool:
     """Drop a program from the native table: later calls to it fail with an XLA error (not a crash)."""
     h = program_or_hash if isinstance(program_or_hash, int) else program_or_hash.hash64
     lib = native_library()
     found = bool(lib and lib[0].tg_unload(_i64(h)))
     return found
+
+
+def stats(program):
+    """``{"instances": devices that ran ``program`` through the native handler (each has its own
+    instance: a private pointer table and, beyond the first device, private buffers), "splits": products split
+    over XLA's thread pool}``, or None when it is not loaded."""
+    lib = native_library()
+    out = np.zeros(2, np.int64)
+    if lib is None or lib[0].tg_stats(_i64(program.hash64), out.ctypes.data) != 0:
+        return None
+    return {"instances": int(out[0]), "splits": int(out[1])}
 
 
 def _i64(h):
@@ -125,16 +207,22 @@ class _Sig:
                 self.state += [tuple(program.shapes[k])] * 2
 
     def check(self, who, groups):
+        if self.dtype == np.float64 and not x64_enabled():
+            raise ProgramError(f"{who}: the program computes in float64 but JAX's 64-bit mode is off, so JAX would "
+                               f"truncate its operands to float32; enable it (jax.config.update('jax_enable_x64', "
+                               f"True), or run inside `with jax.enable_x64(True):`) or capture the program with "
+                               f"dtype='float32'")
         for name, want, got in groups:
             if len(got) != len(want):
                 raise ProgramError(f"{who}: expected {len(want)} {name} arrays {want}, got {len(got)}")
             for k, (s, x) in enumerate(zip(want, got)):
                 aval = jax.typeof(x)
+                label = f"{name}[{k}]" + (f" ({self.program.param_names[k]!r})" if name == "params" else "")
                 if tuple(aval.shape) != s:
-                    raise ProgramError(f"{who}: {name}[{k}] must have shape {s} (the captured shape), got "
+                    raise ProgramError(f"{who}: {label} must have shape {s} (the captured shape), got "
                                        f"{tuple(aval.shape)}")
                 if np.dtype(aval.dtype) != self.dtype:
-                    raise ProgramError(f"{who}: {name}[{k}] must be {self.dtype} (the program's dtype), got "
+                    raise ProgramError(f"{who}: {label} must be {self.dtype} (the program's dtype), got "
                                        f"{aval.dtype}")
 
 
@@ -147,7 +235,7 @@ def _align_varying(xs):
     """Under ``shard_map``, cast every operand to the union of the operands' varying axes.
 
     The cast sits *outside* the custom_vjp, so its transpose sums the cotangent of a replicated
-    parameter over the shards — the data-parallel gradient, with no explicit psum (research §4).
+    parameter over the shards — the data-parallel gradient, with no explicit psum (docs/interop.md, "Sharding").
     """
     axes = frozenset().union(*map(_varying, xs)) if xs else frozenset()
     if not axes:
@@ -157,7 +245,7 @@ def _align_varying(xs):
 
 
 def _spec(args, shape, dtype):
-    """A result type with the operands' shard_map typing (research/interop.md §4)."""
+    """A result type with the operands' shard_map typing (docs/interop.md, "Sharding")."""
     best = max(args, key=lambda x: len(_varying(x)))
     return jax.typeof(best).update(shape=tuple(shape), dtype=dtype, weak_type=False)
 
@@ -253,7 +341,7 @@ def _mode(program, native):
     return native
 
 
-def program_call(program, *, native=None):
+def program_call(program: Program, *, native: Optional[bool] = None) -> Callable[..., Any]:
     """A jittable, differentiable JAX function ``(*params, *inputs) -> loss`` running ``program``.
 
     ``params`` are the program's parameters and ``inputs`` its constants, each in registration
@@ -305,24 +393,26 @@ def program_call(program, *, native=None):
     def run(*xs):
         xs = tuple(jnp.asarray(x) for x in xs)
         check(xs)
-        return f(*_align_varying(xs))
+        return first_order(f, "program_call", _align_varying(xs))
 
     run.program, run.native = program, native
     return run
 
 
-def program_episode(program, *, flat=False, native=None):
+def program_episode(program: Program, *, flat: bool = False, native: Optional[bool] = None) -> Callable[..., Any]:
     """One XLA custom call doing forward + backward + the attached optimizer's step, state explicit.
 
-    Returns ``step(params, opt_state, count, inputs) -> (loss, params, opt_state, count)``: tuples of
-    arrays in registration order (``opt_state`` = mu_0, nu_0, mu_1, nu_1, … for Adam, empty for SGD);
-    ``count`` is the optimizer's step counter as a 0-d array of the program's dtype. Parameters,
-    state and count alias their outputs (``input_output_aliases``): inside
-    ``jax.jit(step, donate_argnums=(0, 1, 2))`` they are updated in place. ``episode_state(program)``
-    gives the initial ``(params, opt_state, count)``.
+    Returns ``step(params, opt_state, inputs) -> (loss, params, opt_state)``, the state named and
+    shaped as optax's (see ``episode_state``): ``params`` a dict ``{name: array}`` of every
+    parameter (``tape.param(..., name=)``, else ``param_<k>``), ``opt_state`` an
+    ``optax.ScaleByAdamState(count, mu, nu)`` (Adam; ``mu``/``nu`` dicts keyed like ``params``) or
+    an ``SGDState(count)``, ``count`` an int32 step counter. ``inputs`` is a tuple of the program's
+    constants in registration order. Parameters and state alias their outputs
+    (``input_output_aliases``): inside ``jax.jit(step, donate_argnums=(0, 1))`` they are updated in
+    place. ``episode_state(program)`` gives the initial ``(params, opt_state)``.
 
     ``flat=True``: ``step(state, inputs) -> (loss, state)`` with the whole state in one vector
-    ``[params | opt_state | count]`` (``episode_state(program, flat=True)``; split it with
+    ``[params | opt_state | count]`` (``episode_state(program, flat=True)``; name it with
     ``unflatten_state``). One donated operand instead of 2·#params+1 costs XLA less per call
     (``jax.jit(step, donate_argnums=0)``).
     """
@@ -356,7 +446,7 @@ def program_episode(program, *, flat=False, native=None):
         flat_step.program, flat_step.native = program, native
         return flat_step
 
-    def step(params, opt_state, count, inputs):
+    def positional(params, opt_state, count, inputs):
         params = tuple(jnp.asarray(x) for x in params)
         opt_state = tuple(jnp.asarray(x) for x in opt_state)
         inputs = tuple(jnp.asarray(x) for x in inputs)
@@ -374,7 +464,14 @@ def program_episode(program, *, flat=False, native=None):
                             input_output_aliases=aliases)
         return out[0], tuple(out[1:1 + np_]), tuple(out[1 + np_:1 + np_ + ns]), out[-1]
 
+    def step(params, opt_state, inputs):
+        p, st, count = _positional(program, "program_episode", params, opt_state)
+        loss, p, st, count = positional(p, st, count, inputs)
+        return (loss,) + _named(program, p, st, count)
+
     step.program, step.native = program, native
+    # the same call on positional tuples: (params, [mu_0, nu_0, …], count in the program's dtype, inputs)
+    step.positional = positional
     return step
 
 
@@ -383,33 +480,123 @@ def _flat_sizes(program):
     return [int(np.prod(sh)) for sh in sig.params + sig.state] + [1]
 
 
-def unflatten_state(program, state):
-    """Split a flat episode state ``[params | opt_state | count]`` into ``(params, opt_state, count)``."""
+class SGDState(NamedTuple):
+    """The episode state of a program whose optimizer is SGD: its step counter (int32, 0-d)."""
+    count: Any
+
+
+class ScaleByAdamState(NamedTuple):
+    """Field for field ``optax.ScaleByAdamState``; used only where optax is not installed."""
+    count: Any
+    mu: Any
+    nu: Any
+
+
+def _adam_state():
+    try:
+        import optax
+    except ImportError:
+        return ScaleByAdamState
+    return optax.ScaleByAdamState
+
+
+def _opt_names(program):
+    """The names of the optimizer's parameters, in the optimizer's registration order."""
+    by_id = dict(zip(program.params, program.param_names))
+    return [by_id[i] for i in program.opt.ids]
+
+
+def _named(program, params, state, count):
+    """Positional ``(params, [mu_0, nu_0, …], count)`` → named ``(params, opt_state)`` (no copies)."""
+    named = dict(zip(program.param_names, params))
+    count = jnp.asarray(count).astype(jnp.int32)
+    if program.opt.kind != "Adam":
+        return named, SGDState(count)
+    names = _opt_names(program)
+    return named, _adam_state()(count=count, mu=dict(zip(names, state[0::2])), nu=dict(zip(names, state[1::2])))
+
+
+def _keys(who, what, tree, want):
+    if not isinstance(tree, Mapping):
+        raise ProgramError(f"{who}: {what} must be a dict {{name: array}} with keys {want}, got "
+                           f"{type(tree).__name__}")
+    missing, extra = [n for n in want if n not in tree], [n for n in tree if n not in want]
+    if missing or extra:
+        raise ProgramError(f"{who}: {what} must have the keys {want}; missing {missing}, unexpected {extra}")
+
+
+def _positional(program, who, params, opt_state):
+    """Named ``(params, opt_state)`` → positional ``(params, [mu_0, nu_0, …], count)``, checked by name."""
+    sig = _Sig(program)
+    names = program.param_names
+    shapes = dict(zip(names, sig.params))
+
+    def check(what, tree, want):
+        _keys(who, what, tree, want)
+        for n in want:
+            aval = jax.typeof(tree[n])
+            if tuple(aval.shape) != shapes[n] or np.dtype(aval.dtype) != sig.dtype:
+                raise ProgramError(f"{who}: {what}[{n!r}] must be {sig.dtype}{list(shapes[n])} (the captured "
+                                   f"parameter's shape), got {aval.dtype}{list(aval.shape)}")
+    check("params", params, names)
+    count = getattr(opt_state, "count", None)
+    if count is None or callable(count):   # a plain tuple's .count is a method
+        raise ProgramError(f"{who}: opt_state must have a 'count' field (optax.ScaleByAdamState or SGDState), got "
+                           f"{type(opt_state).__name__}")
+    state = ()
+    if program.opt.kind == "Adam":
+        onames = _opt_names(program)
+        for what in ("mu", "nu"):
+            check(f"opt_state.{what}", getattr(opt_state, what, None), onames)
+        state = tuple(x for n in onames for x in (opt_state.mu[n], opt_state.nu[n]))
+    return tuple(params[n] for n in names), state, jnp.asarray(count).astype(sig.dtype)
+
+
+def unflatten_state(program: Program, state: Any) -> tuple[dict[str, Any], Any]:
+    """Name a flat episode state ``[params | opt_state | count]``: ``(params, opt_state)`` as ``episode_state``."""
     sig = _Sig(program)
     parts = jnp.split(jnp.asarray(state), np.cumsum(_flat_sizes(program))[:-1].tolist())
     arrays = [a.reshape(sh) for a, sh in zip(parts, sig.params + sig.state + [()])]
     n = len(sig.params)
-    return tuple(arrays[:n]), tuple(arrays[n:-1]), arrays[-1]
+    return _named(program, arrays[:n], arrays[n:-1], arrays[-1])
 
 
-def episode_state(program, flat=False):
-    """``(params, opt_state, count)`` as JAX arrays (copies) from the program's current buffers.
+def flatten_state(program: Program, params: Mapping[str, Any], opt_state: Any) -> Any:
+    """The flat vector ``[params | opt_state | count]`` of a named state (``unflatten_state``'s inverse)."""
+    p, st, count = _positional(program, "flatten_state", params, opt_state)
+    return jnp.concatenate([jnp.ravel(jnp.asarray(a, program.dtype)) for a in p + st] + [jnp.reshape(count, (1,))])
+
+
+def episode_state(program: Program, flat: bool = False) -> Any:
+    """The program's current episode state as JAX arrays (copies), named and shaped as optax's.
+
+    Returns ``(params, opt_state)``: ``params`` is ``{name: array}`` over every parameter (names
+    from ``tape.param(..., name=)``, else ``param_<k>``); for Adam ``opt_state`` is an
+    ``optax.ScaleByAdamState(count, mu, nu)`` whose ``mu``/``nu`` are dicts keyed by the optimizer's
+    parameter names, for SGD an ``SGDState(count)``; ``count`` is an int32 0-d array. With
+    ``optax.adam`` over all parameters, ``(opt_state, optax.EmptyState())`` is optax's own state.
 
     ``flat=True``: one vector ``[params | opt_state | count]`` for ``program_episode(flat=True)``.
+
+    >>> import numpy as np, tapegrad as tg, interop
+    >>> tape = tg.Tape(); w = tape.param(np.ones(2), name="w")
+    >>> opt = tg.Adam(0.1); _ = opt.add(tape, w)
+    >>> prog = tg.capture(tape, (w * w).sum()); prog.attach(opt)
+    >>> params, opt_state = interop.episode_state(prog)
+    >>> list(params), list(opt_state.mu), opt_state.count.dtype
+    (['w'], ['w'], dtype('int32'))
     """
-    if flat:
-        params, state, count = episode_state(program)
-        return jnp.concatenate([jnp.ravel(a) for a in params + state] + [jnp.reshape(count, (1,))])
+    if program.opt is None:
+        raise ProgramError("episode_state: attach an optimizer first (program.attach(optimizer))")
     o = program.opt
-    params = tuple(jnp.array(program.val[k]) for k in program.params)
-    state = tuple(jnp.array(a) for pair in zip(o.mu, o.nu) for a in pair) if o and o.kind == "Adam" else ()
-    count = o.count if o is not None else 0
-    if program.backend == "native" and o is not None:
+    if program.backend == "native":
         program.runner.pull_count()
-        count = o.count
-    return params, state, jnp.asarray(count, program.dtype)
+    params = tuple(jnp.array(program.val[k]) for k in program.params)
+    state = tuple(jnp.array(a) for pair in zip(o.mu, o.nu) for a in pair) if o.kind == "Adam" else ()
+    named = _named(program, params, state, o.count)
+    return flatten_state(program, *named) if flat else named
 
 
-def program_inputs(program):
+def program_inputs(program: Program) -> tuple[Any, ...]:
     """The program's current constant values (copies), in registration order: ``inputs`` for a call."""
     return tuple(jnp.array(program.val[k]) for k in program.consts)

@@ -10,8 +10,8 @@ array([6.])
 from . import emit, ops
 from .capture import Program, capture
 from .checkpoint import load, save
-from .errors import (ArgumentError, BuildError, DomainError, DTypeError, ForeignVarError, LazyValueError,
-                     NonFiniteError, ShapeError, TapeError)
+from .errors import (ArgumentError, BuildError, CheckpointError, ConfigError, DomainError, DTypeError,
+                     ForeignVarError, LazyValueError, NonFiniteError, ShapeError, TapeError)
 from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log_softmax, matmul, max,
                          maximum, mean, mse, mul, neg, power, relu, reshape, sigmoid, softmax,
                          softmax_cross_entropy, sqrt, square, sub, sum, tanh, transpose)

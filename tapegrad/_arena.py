@@ -28,6 +28,21 @@ def aligned_copy(array, dtype):
     return out
 
 
+def slab_views(shapes, dtype):
+    """One zeroed aligned slab holding arrays of ``shapes`` side by side, each starting on a 64-byte
+    boundary (the padding between them stays zero): (flat slab, [views], [(offset, size)])."""
+    dtype = np.dtype(dtype)
+    step = ALIGN // dtype.itemsize
+    spans, off = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        spans.append((off, n))
+        off += n + (-n % step)
+    flat = aligned_empty((max(off, 1),), dtype)
+    flat.fill(0)
+    return flat[:off], [flat[o:o + n].reshape(shape) for (o, n), shape in zip(spans, shapes)], spans
+
+
 class Arena:
     """Bump allocator over aligned slabs.
 
@@ -39,6 +54,7 @@ class Arena:
         self.dtype = np.dtype(dtype)
         self.mask = ALIGN // self.dtype.itemsize - 1
         self.slabs = [aligned_empty((first,), self.dtype)]
+        self.views = {}   # (slab, offset, shape) -> (view, end): a repeated episode reuses its views
         self.rewind((0, 0))
 
     @property
@@ -51,14 +67,21 @@ class Arena:
         self.cap = self.slab.shape[0]
 
     def take(self, shape, n=None):
+        hit = self.views.get((self.si, self.off, shape))
+        if hit is not None:
+            self.off = hit[1]
+            return hit[0]
         if n is None:
             n = math.prod(shape)
         off = self.off
         end = off + ((n + self.mask) & ~self.mask)
         if end > self.cap:
             return self._next_slab(shape, n)
+        if len(self.views) >= 1 << 14:   # shapes that never repeat must not grow the cache forever
+            self.views.clear()
+        view = self.views[(self.si, off, shape)] = (self.slab[off:off + n].reshape(shape), end)
         self.off = end
-        return self.slab[off:off + n].reshape(shape)
+        return view[0]
 
     def take_mask(self, shape):
         """A bool buffer (for ``where=`` masks), carved like any other."""
@@ -73,6 +96,7 @@ class Arena:
             self.slabs.append(aligned_empty((size,), self.dtype))
         elif self.slabs[si].shape[0] < n:
             self.slabs[si] = aligned_empty((size,), self.dtype)
+            self.views = {k: v for k, v in self.views.items() if k[0] != si}   # views of the old slab
         self.rewind((si, 0))
         return self.take(shape, n)
 
@@ -94,12 +118,14 @@ class ParamStore:
         self.vals, self.grads = [], []
         self._first = first
         self.si, self.off = -1, 0
+        self.drops = 0
 
     @property
     def pos(self):
         return (self.si, self.off)
 
     def rewind(self, pos):
+        self.drops += 1      # parameters were dropped: holders of parameter slots re-check theirs
         self.si, self.off = pos
         for v, g in zip(self.vals[max(self.si, 0):], self.grads[max(self.si, 0):]):
             lo = self.off if v is self.vals[self.si] else 0

@@ -22,22 +22,33 @@ The optimizer runs inside the program; ``episode`` is inputs + forward + backwar
 >>> np.round(prog.value(w).ravel(), 12).tolist(), prog.optimizer_state()["count"]
 ([0.4, 1.4], 1)
 """
+from __future__ import annotations
+
 import copy
 import hashlib
 import math
 import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from . import ops as O
-from ._arena import aligned_copy, aligned_empty, readonly
-from .errors import DTypeError, ForeignVarError, LazyValueError, ShapeError, TapeError, at
-from .tape import Var
+from ._arena import aligned_copy, aligned_empty, readonly, slab_views
+from .errors import ConfigError, DTypeError, ForeignVarError, LazyValueError, ShapeError, TapeError, at
+from .tape import Tape, Var
+
+if TYPE_CHECKING:
+    from .optim import Optimizer
+
+Slot = Union[Var, str]   # a Var of the captured episode, or a parameter's name
 
 BACKENDS = ("numpy", "native")
 
 
-def capture(tape, loss, backend="numpy", dtype="float64", fuse=True):
+def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native"] = "numpy", dtype: DTypeLike = "float64",
+            fuse: Union[bool, Literal["libm"]] = True) -> Program:
     """Freeze the tape's episode ``[0, len(tape))`` with ``loss`` as the backward seed into a Program.
 
     ``backend``: "numpy" (the reference replay, bit-identical to the tape) or "native" (generated C
@@ -51,7 +62,7 @@ def capture(tape, loss, backend="numpy", dtype="float64", fuse=True):
     order) and within a few ulp for "libm" and "blas" ops (see ``tests/test_native.py``).
     """
     if backend not in BACKENDS:
-        raise ValueError(f"capture: backend must be one of {BACKENDS}, got {backend!r}")
+        raise ConfigError(f"capture: backend must be one of {BACKENDS}, got {backend!r}")
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise DTypeError(f"capture: dtype must be float64 or float32, got {dt}")
@@ -70,7 +81,16 @@ class _Opt:
         self.ids = [v.id for v in optimizer.params]
         self.count = optimizer.count
         self.touched = [i in prog.reached_params for i in self.ids]
-        if self.kind == "Adam":
+        # the program's whole parameter slab in registration order: moments laid out like it
+        self.whole = self.ids == prog.params
+        self.mslab = self.nslab = None
+        if self.kind == "Adam" and self.whole:
+            self.mslab, self.mu, _ = slab_views([prog.shapes[i] for i in self.ids], prog.dtype)
+            self.nslab, self.nu, _ = slab_views([prog.shapes[i] for i in self.ids], prog.dtype)
+            for have, m, n in zip(zip(self.mu, self.nu), optimizer.mu, optimizer.nu):
+                np.copyto(have[0], m, casting="unsafe")
+                np.copyto(have[1], n, casting="unsafe")
+        elif self.kind == "Adam":
             self.mu = [aligned_copy(m, prog.dtype) for m in optimizer.mu]
             self.nu = [aligned_copy(n, prog.dtype) for n in optimizer.nu]
         else:
@@ -108,14 +128,27 @@ class Program:
         self.compute = [k for k in range(n) if self.nodes[k][0].arity]
         self.params = [k for k in range(n) if self.nodes[k][0] is O.param]
         self.consts = [k for k in range(n) if self.nodes[k][0] is O.const]
+        named = {v.id: name for name, v in tape.names().items()}
+        # every parameter's name, in registration order: its tape name, else param_<k>
+        self.param_names = [named.get(i, f"param_{k}") for k, i in enumerate(self.params)]
+        self._by_name = dict(zip(self.param_names, self.params))
         self.data = [k for k in range(n) if self.nodes[k][0] is O.data]
         # who reads each data slot: set_input re-runs their ``check`` on new values
         self.readers = {k: [j for j in self.compute if k in (self.nodes[j][1], self.nodes[j][2], self.third[j])]
                         for k in self.data}
         self.val = [None] * n
         self.missing = set()
+        # parameters and their gradients side by side, as on the tape, so an optimizer updates them all
+        # with one call per ufunc
+        self.pslab, pviews, self.pspans = slab_views([self.shapes[k] for k in self.params], dtype)
+        self.gslab, gviews, _ = slab_views([self.shapes[k] for k in self.params], dtype)
+        for k, view in zip(self.params, pviews):
+            np.copyto(view, tape._val[k], casting="unsafe")
+            self.val[k] = view
         for k in range(n):
             v = tape._val[k]
+            if self.val[k] is not None:
+                continue
             if self.nodes[k][0] is O.data:
                 self.val[k] = aligned_copy(v, v.dtype)
             elif self.nodes[k][0].arity == 0:
@@ -129,6 +162,9 @@ class Program:
                 self.val[k] = aligned_empty(self.shapes[k], dtype)
         self._schedule()
         self.grads = [aligned_empty(self.shapes[k], dtype) if k in self.reached else None for k in range(n)]
+        for k, view in zip(self.params, gviews):
+            if k in self.reached:
+                self.grads[k] = view
         self._zeros = {}
         self.opt = None
         if backend == "numpy":
@@ -174,21 +210,39 @@ class Program:
     # ── slots ────────────────────────────────────────────────────────────────
 
     def _slot(self, var, what):
+        if isinstance(var, str):
+            i = self._by_name.get(var)
+            if i is None:
+                raise ForeignVarError(f"{what}: the program has no parameter named {var!r}; its parameters are "
+                                      f"{self.param_names}")
+            return i
         if type(var) is not Var:
-            raise TypeError(f"{what}: expected a Var of the captured tape, got {type(var).__name__}")
+            raise TypeError(f"{what}: expected a Var of the captured tape or a parameter name, got "
+                            f"{type(var).__name__}")
         i = var.id
         if var.tape is not self._tape() or not 0 <= i < len(self.nodes) or var.epoch != self.epochs[i]:
             raise ForeignVarError(f"{at(what, i)}: this Var is not a node of the captured episode (another tape, "
                                   f"or created after the capture); pass the Vars the captured episode used")
         return i
 
-    def set_input(self, var, array):
+    def _label(self, i):
+        """``param 'W1' node 3`` (named parameters) or ``const node 5``: how messages name a slot."""
+        op = self.nodes[i][0].name
+        return f"{op} {self.param_names[self.params.index(i)]!r} node {i}" if op == "param" else f"{op} node {i}"
+
+    def set_input(self, var: Slot, array: ArrayLike) -> None:
         """Fresh values for a constant (a minibatch, a lazy constant) or a parameter; copied in.
+
+        ``var``: a Var of the captured episode, or a parameter's name (``tape.param(..., name=)``).
 
         Float32 and float64 data are accepted (converted to the program's dtype); anything else, or a
         wrong shape, raises and leaves the program unchanged. A data slot (integer indices, a bool mask)
         takes data of its kind and shape, checked by the ops that read it (indices in range).
         """
+        self._put(*self._input(var, array))
+
+    def _input(self, var, array):
+        """``(slot, value)`` for ``set_input`` after every check; nothing is written yet."""
         i = self._slot(var, "set_input")
         op = self.nodes[i][0]
         if op.arity:
@@ -196,17 +250,20 @@ class Program:
                             f"value is computed by the program)")
         a = np.asarray(array)
         if op is O.data:
-            return self._set_data(i, a)
+            return i, self._checked_data(i, a)
         if a.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
-            raise DTypeError(f"{at('set_input', i)}: expected float64 or float32 data for {op.name} node {i} "
+            raise DTypeError(f"{at('set_input', i)}: expected float64 or float32 data for {self._label(i)} "
                              f"(program dtype {self.dtype}), got {a.dtype}; convert with .astype(np.float64)")
         if a.shape != self.shapes[i]:
-            raise ShapeError(f"{at('set_input', i)}: expected shape {self.shapes[i]} for {op.name} node {i}, "
+            raise ShapeError(f"{at('set_input', i)}: expected shape {self.shapes[i]} for {self._label(i)}, "
                              f"got {a.shape}; a program is static: every episode has the captured shapes")
-        np.copyto(self.val[i], a, casting="unsafe")
+        return i, a
+
+    def _put(self, i, value):
+        np.copyto(self.val[i], value, casting="unsafe")
         self.missing.discard(i)
 
-    def _set_data(self, i, a):
+    def _checked_data(self, i, a):
         have = self.val[i]
         kind = "bool" if have.dtype.kind == "b" else "integer"
         if (a.dtype.kind == "b") != (kind == "bool") or a.dtype.kind not in "biu":
@@ -226,7 +283,7 @@ class Program:
                 except O.Bad as e:
                     raise ShapeError(f"{at('set_input', i)}: data node {i} does not fit {op.name} (node {j}): {e}") \
                         from None
-        np.copyto(have, new)
+        return new
 
     def _ready(self, what):
         if self.missing:
@@ -236,18 +293,18 @@ class Program:
 
     # ── running ──────────────────────────────────────────────────────────────
 
-    def forward(self):
+    def forward(self) -> np.ndarray:
         """Recompute every node's value; returns the loss (a read-only 0-d/1-element view)."""
         self._ready("forward")
         self.runner.forward()
         return self.loss()
 
-    def backward(self):
+    def backward(self) -> None:
         """Gradients of the loss w.r.t. every reached node (overwritten, as one tape backward per episode)."""
         self._ready("backward")
         self.runner.backward()
 
-    def attach(self, optimizer):
+    def attach(self, optimizer: Optimizer) -> None:
         """Run ``optimizer``'s update inside the program: its configuration and state are copied in.
 
         The tape optimizer is left untouched; read the program's state back with ``optimizer_state``
@@ -261,37 +318,40 @@ class Program:
             self._slot(v, "attach")
         self.opt = _Opt(optimizer, self)
         self.runner.attached()
+        for hook in self.__dict__.get("_attach_hooks", ()):   # e.g. interop re-points its FFI table entry
+            hook(self)
 
-    def step(self):
+    def step(self) -> None:
         """One optimizer update of the program's parameters from the program's gradients."""
         if self.opt is None:
             raise TapeError("step: no optimizer attached; call program.attach(optimizer) first")
         self.runner.step()
 
-    def episode(self, inputs=None):
+    def episode(self, inputs: Optional[Mapping[Var, ArrayLike]] = None) -> float:
         """Set ``inputs`` ({Var: array}), then forward + backward (+ step when attached) in one backend call.
 
-        Returns the loss as a Python float.
+        Returns the loss as a Python float. Every input is checked before any is written: a bad one
+        raises and leaves the program as it was.
         """
         if inputs:
-            for var, array in inputs.items():
-                self.set_input(var, array)
+            for i, value in [self._input(var, array) for var, array in inputs.items()]:
+                self._put(i, value)
         self._ready("episode")
         self.runner.episode()
         return float(self.val[self.loss_id].reshape(-1)[0])
 
     # ── reading ──────────────────────────────────────────────────────────────
 
-    def loss(self):
+    def loss(self) -> np.ndarray:
         """The loss value of the last forward: a read-only view (one element)."""
         return readonly(self.val[self.loss_id])
 
-    def value(self, var):
-        """A read-only view of a node's value in the program."""
+    def value(self, var: Slot) -> np.ndarray:
+        """A read-only view of a node's value in the program (``var``: a Var, or a parameter's name)."""
         return readonly(self.val[self._slot(var, "value")])
 
-    def grad(self, var):
-        """A read-only view of d loss/d var (zeros for nodes backward does not reach)."""
+    def grad(self, var: Slot) -> np.ndarray:
+        """A read-only view of d loss/d var (zeros for nodes backward does not reach); ``var`` may be a name."""
         i = self._slot(var, "grad")
         g = self.grad_buf(i)
         return readonly(g)
@@ -306,17 +366,32 @@ class Program:
                 g.fill(0.0)
         return g
 
-    def sync_params(self, tape, optimizer=None):
+    def sync_params(self, tape: Tape, optimizer: Optional[Optimizer] = None) -> None:
         """Write the program's parameters back into the tape (and its optimizer's state, if given)."""
         if tape is not self._tape():
             raise ForeignVarError("sync_params: not the tape this program was captured from")
-        for k in self.params:
-            if k < len(tape) and tape._nodes[k].op is O.param and tape._val[k] is not None:
-                np.copyto(tape._val[k], self.val[k], casting="unsafe")
+        for k in self.params:   # every target checked before anything is written
+            nd = tape._nodes[k] if k < len(tape) else None
+            if nd is None or nd.op is not O.param or nd.epoch != self.epochs[k] or nd.shape != self.shapes[k]:
+                raise ForeignVarError(f"{at('sync_params', k)}: the captured parameter node {k} {self.shapes[k]} is no "
+                                      f"longer on the tape (reset_to dropped it; node {k} is now "
+                                      f"{'absent' if nd is None else f'a {nd.op.name} {nd.shape}'}); sync before "
+                                      f"resetting past the capture")
         if optimizer is not None:
-            optimizer.load_state_dict(self.optimizer_state())
+            if optimizer.tape is not None and optimizer.tape is not tape:
+                raise ForeignVarError("sync_params: the optimizer serves another tape")
+            optimizer.check_params("sync_params")
+            if self.opt is None or [v.id for v in optimizer.params] != self.opt.ids or optimizer.kind != self.opt.kind:
+                raise TapeError(f"sync_params: the optimizer ({optimizer.kind}, parameters "
+                                f"{[v.id for v in optimizer.params]}) is not the one attached to the program "
+                                f"({None if self.opt is None else (self.opt.kind, self.opt.ids)})")
+            state = self.optimizer_state()
+            optimizer.load_state_dict(state)
+        for k in self.params:
+            if tape._val[k] is not None:
+                np.copyto(tape._val[k], self.val[k], casting="unsafe")
 
-    def optimizer_state(self):
+    def optimizer_state(self) -> dict[str, Any]:
         """The attached optimizer's state (``count``, and Adam's ``mu``/``nu`` copies) as the tape's form."""
         if self.opt is None:
             raise TapeError("optimizer_state: no optimizer attached")
@@ -327,7 +402,7 @@ class Program:
             st["nu"] = [v.copy() for v in self.opt.nu]
         return st
 
-    def load_optimizer_state(self, state):
+    def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
         """Restore ``optimizer_state()`` output (e.g. from a checkpoint); validated before anything changes."""
         o = self.opt
         if o is None:
@@ -342,7 +417,7 @@ class Program:
                     raise TapeError(f"load_optimizer_state: expected {len(o.ids)} '{key}' arrays")
                 for k, a in enumerate(arrays):
                     if np.shape(a) != self.shapes[o.ids[k]]:
-                        raise ShapeError(f"load_optimizer_state: {key}[{k}] must have shape "
+                        raise ShapeError(f"load_optimizer_state: {key}[{k}] ({self._label(o.ids[k])}) must have shape "
                                          f"{self.shapes[o.ids[k]]}, got {np.shape(a)}")
             for key in ("mu", "nu"):
                 for have, new in zip(getattr(o, key), state[key]):
@@ -353,7 +428,7 @@ class Program:
     # ── identity and reports ─────────────────────────────────────────────────
 
     @property
-    def hash64(self):
+    def hash64(self) -> int:
         """A content hash of the program (graph, shapes, dtype, loss, optimizer config): stable across runs."""
         h = hashlib.blake2b(digest_size=8)
         h.update(repr((str(self.dtype), self.loss_id)).encode())
@@ -363,11 +438,11 @@ class Program:
             h.update(repr(self.opt.config_key()).encode())
         return int.from_bytes(h.digest(), "little")
 
-    def plan(self):
+    def plan(self) -> Any:
         """The execution plan: segments (fused runs and single nodes) and kernel counts (native)."""
         return self.runner.plan()
 
-    def native_abi(self):
+    def native_abi(self) -> dict[str, Any]:
         """Raw pointers for a C caller (native backend only); see ``tapegrad.native.runner``."""
         if self.backend != "native":
             raise TapeError("native_abi: only a native program has one (capture with backend='native')")

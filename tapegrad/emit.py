@@ -233,6 +233,14 @@ def _expr(text, env, dialect):
 
 # ── the emitter ──────────────────────────────────────────────────────────────
 
+# C11 keywords and the names the emitted function itself uses: a function called one of them fails to
+# compile (or shadows <math.h>), so c_grad refuses them up front.
+_RESERVED = frozenset("""auto break case char const continue default do double else enum extern float for goto if
+inline int long register restrict return short signed sizeof static struct switch typedef union unsigned void
+volatile while _Bool _Complex _Imaginary _Alignas _Alignof _Atomic _Generic _Noreturn _Static_assert
+_Thread_local p g v exp log tanh sqrt pow fabs fmax fmin expm1 log1p main""".split())
+
+
 def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=False, bake=False):
     """C (or CUDA) source of one function computing a scalar tape's loss and gradient.
 
@@ -287,6 +295,9 @@ def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=Fa
         raise EmitError(f"c_grad: dialect must be 'c' or 'cuda', got {dialect!r}")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_]\w*", name):
         raise EmitError(f"c_grad: name must be a C identifier, got {name!r}")
+    if name in _RESERVED or re.fullmatch(r"[tg]\d+", name):
+        raise EmitError(f"c_grad: name {name!r} is a C keyword or a name the emitted code uses (p, g, v, tN, gN, "
+                        f"<math.h> functions); choose another function name")
     if tape.dtype.itemsize != 8:
         raise EmitError(f"c_grad: expected a float64 tape (the emitted code computes in double), got "
                         f"{tape.dtype}")
@@ -308,7 +319,14 @@ def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=Fa
             raise EmitError(f"{at(op.name, k)}: op {op.name}'s C form calls {helper}, a function of the native "
                             f"runtime that c_grad does not emit (it emits libm calls only); capture the tape "
                             f"with backend='native' instead")
+    if not isinstance(leaves, dict):
+        raise EmitError(f"c_grad: leaves must be a dict {{Var: C expression}}, got {type(leaves).__name__}")
     bind = _bindings(tape, live, params, leaves, dialect, bake)
+    if not with_data:
+        for v, expr in leaves.items():
+            if isinstance(expr, str) and re.search(r"\bv\b", expr):
+                raise EmitError(f"{at('const', v.id)}: the leaf expression {expr!r} reads the data row v, but "
+                                f"with_data=False gives the function no v argument; pass with_data=True")
     return _source(tape, top, live, bind, [tape._index(v, "c_grad", "params") for v in params], dialect, name,
                    with_data)
 

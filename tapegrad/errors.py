@@ -33,10 +33,19 @@ class DomainError(TapeError, ValueError):
 
 
 class BuildError(TapeError, RuntimeError):
-    """Native code could not be built (no compiler, or the compiler failed)."""
+    """Native code could not be built or loaded: no compiler, a failing or hanging compiler, an unusable
+    build cache (read-only, not a folder, corrupt artifacts that cannot be rebuilt)."""
 
 
-def at(op, node):
+class CheckpointError(TapeError, ValueError):
+    """A checkpoint file that cannot be read or written (missing, truncated, corrupt, not a checkpoint)."""
+
+
+class ConfigError(TapeError, ValueError):
+    """A setting outside its valid range (e.g. Adam's ``b1 >= 1``, a negative learning rate)."""
+
+
+def at(op: str, node: int) -> str:
     """The message prefix ``op (node i)`` every error starts with."""
     return f"{op} (node {node})"
 

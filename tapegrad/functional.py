@@ -1,15 +1,22 @@
 """The ops as functions and as Var methods/operators; scalars and arrays are lifted onto the tape."""
+from __future__ import annotations
+
 import builtins
 import math
 import numbers
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import ops as O
 from . import ops_index as OX
 from .ops import Bad, check_axes
-from .tape import Var
-from .errors import ArgumentError, ShapeError, at
+from .tape import Operand, Tape, Var
+from .errors import ArgumentError, DTypeError, ShapeError, TapeError, at
+
+Axis = Union[None, int, Sequence[int]]
 
 
 def _tape(*xs):
@@ -19,14 +26,21 @@ def _tape(*xs):
     raise TypeError(f"expected at least one Var among {[type(x).__name__ for x in xs]}")
 
 
-def _var(x, tape):
+def _var(x: Any, tape: Tape, opname: str = "const", arg: str = "b") -> Var:
     """A Var for a float operand ``x``: Vars pass through, arrays become constants on ``tape`` (integer
     and bool arrays are converted to the tape's dtype here, as NumPy promotes them in arithmetic)."""
     if isinstance(x, Var):
         return x
-    if not isinstance(x, np.ndarray) or x.dtype.kind in "biu":
-        x = np.asarray(x, dtype=tape.dtype)
-    return tape.const(x)
+    return tape.const(_real(x, tape, opname, arg))
+
+
+def _real(x, tape, opname, arg):
+    """``x`` as a float array for a float operand; DTypeError naming the op and argument otherwise."""
+    a = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if a.dtype.kind not in "fbiu":
+        raise DTypeError(f"{at(opname, len(tape))}: argument {arg} must be a Var or real numbers, got "
+                         f"{type(x).__name__} of dtype {a.dtype}")
+    return a.astype(tape.dtype) if not isinstance(x, np.ndarray) or a.dtype.kind in "biu" else a
 
 
 def _data(x, tape, kind="i", opname="", arg=""):
@@ -55,7 +69,7 @@ def _binary(op, scalar_rule, a, b):
         return scalar_rule(b, float(a), True)
     tape = _tape(a, b)
     with tape._lifted():
-        return tape.apply(op, _var(a, tape), _var(b, tape))
+        return tape.apply(op, _var(a, tape, op.name, "a"), _var(b, tape, op.name, "b"))
 
 
 def _adds(v, s, flip):
@@ -76,39 +90,39 @@ def _divs(v, s, flip):
     return v.tape.apply(O.rdivs if flip else O.divs, v, None, s)
 
 
-def add(a, b):
+def add(a: Operand, b: Operand) -> Var:
     """a + b, broadcasting (a Python scalar on either side becomes ``adds``)."""
     if type(a) is Var and type(b) is Var:
         return a.tape.apply(O.add, a, b)
     return _binary(O.add, _adds, a, b)
 
 
-def sub(a, b):
+def sub(a: Operand, b: Operand) -> Var:
     """a − b, broadcasting."""
     if type(a) is Var and type(b) is Var:
         return a.tape.apply(O.sub, a, b)
     return _binary(O.sub, _subs, a, b)
 
 
-def mul(a, b):
+def mul(a: Operand, b: Operand) -> Var:
     """a · b, broadcasting (a scalar on either side becomes ``muls``)."""
     if type(a) is Var and type(b) is Var:
         return a.tape.apply(O.mul, a, b)
     return _binary(O.mul, _muls, a, b)
 
 
-def div(a, b):
+def div(a: Operand, b: Operand) -> Var:
     """a / b, broadcasting (a scalar divisor becomes ``divs``, a scalar dividend ``rdivs``)."""
     return _binary(O.div, _divs, a, b)
 
 
-def maximum(a, b):
+def maximum(a: Operand, b: Operand) -> Var:
     """Elementwise max, broadcasting; ties share the gradient equally."""
     return _binary(O.maximum, None, a, b)
 
 
-def _unary(op):
-    def f(a):
+def _unary(op) -> Callable[[Var], Var]:
+    def f(a: Var) -> Var:
         return a.tape.apply(op, a)
     f.__name__ = op.name
     f.__doc__ = op.doc or f"elementwise {op.name}"
@@ -119,7 +133,7 @@ neg, relu, sigmoid, tanh, exp, log, sqrt, abs, square = (
     _unary(getattr(O, n)) for n in ("neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "square"))
 
 
-def power(a, p):
+def power(a: Var, p: float) -> Var:
     """a ** p for a constant p (``square`` when p == 2)."""
     if not _scalar(p):
         raise TypeError(f"{at('pow', len(a.tape))}: the exponent must be a constant number, got {type(p).__name__}")
@@ -127,19 +141,31 @@ def power(a, p):
 
 
 def _axes(opname, a, axis, keepdims):
+    ok = axis is None or isinstance(axis, (int, np.integer)) or (
+        isinstance(axis, (tuple, list)) and builtins.all(isinstance(k, (int, np.integer)) for k in axis))
+    if not ok or isinstance(axis, bool):
+        raise ShapeError(f"{at(opname, len(a.tape))}: axis must be an int, a tuple of ints or None, got "
+                         f"{type(axis).__name__} {axis!r}")
     try:
         return (check_axes(a.shape, axis), bool(keepdims))
     except Bad as e:
         raise ShapeError(f"{at(opname, len(a.tape))}: {e}") from None
 
 
-def _reduce(op):
-    def f(a, axis=None, keepdims=False):
+def _reduce(op) -> Callable[..., Var]:
+    def f(a: Var, axis: Axis = None, keepdims: bool = False, dtype: Any = None, out: Any = None) -> Var:
         if a.id < 0:
             return a
         try:
+            if dtype is not None or out is not None:  # np.sum(var) passes both (as None)
+                raise ArgumentError(f"{at(op.name, len(a.tape))}: dtype= and out= are not supported on a Var, "
+                                    f"got dtype={dtype!r}, out={type(out).__name__}")
             s = _axes(op.name, a, axis, keepdims)
-        except ShapeError as e:
+            axes = range(a.ndim) if s[0] is None else s[0]
+            if op.name == "max" and builtins.any(a.shape[k] == 0 for k in axes):
+                raise ShapeError(f"{at(op.name, len(a.tape))}: max over an empty axis of shape {a.shape} has no "
+                                 f"value (no identity); reduce over non-empty axes")
+        except (ShapeError, ArgumentError) as e:
             return a.tape._fail(e)
         return a.tape.apply(op, a, None, s)
     f.__name__ = op.name
@@ -150,29 +176,41 @@ def _reduce(op):
 sum, mean, max = (_reduce(getattr(O, n)) for n in ("sum", "mean", "max"))
 
 
-def matmul(a, b):
+def matmul(a: Operand, b: Operand) -> Var:
     """(m, k) @ (k, n) through BLAS."""
     return _binary(O.matmul, None, a, b)
 
 
-def bmm(a, b):
+def bmm(a: Operand, b: Operand) -> Var:
     """Batched (B, m, k) @ (B, k, n)."""
     return _binary(O.bmm, None, a, b)
 
 
-def transpose(a, axes=None):
+def transpose(a: Var, axes: Optional[Sequence[int]] = None) -> Var:
     """Permute axes (default: reverse them), as ``numpy.transpose``."""
     if a.id < 0:
         return a
+    if axes is not None:
+        try:
+            axes = tuple(axes)
+        except TypeError:
+            axes = (axes,)
+        if not builtins.all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) and -a.ndim <= k < a.ndim
+                            for k in axes):
+            return a.tape._fail(ShapeError(f"{at('transpose', len(a.tape))}: axes must be ints in [-{a.ndim}, "
+                                           f"{a.ndim}) for an input of shape {a.shape}, got {axes!r}"))
     axes = tuple(reversed(range(a.ndim))) if axes is None else tuple(int(k) % builtins.max(a.ndim, 1) for k in axes)
     return a.tape.apply(O.transpose, a, None, axes)
 
 
-def reshape(a, *shape):
+def reshape(a: Var, *shape: Any) -> Var:
     """A copy with a new shape (one -1 is inferred, as in NumPy)."""
     if a.id < 0:
         return a
     shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
+    if not builtins.all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
+        return a.tape._fail(ShapeError(f"{at('reshape', len(a.tape))}: the new shape must be ints, got {shape!r} "
+                                       f"(non-integers such as 2.9 are never truncated)"))
     shape = tuple(int(n) for n in shape)
     if shape.count(-1) == 1:
         rest = math.prod([n for n in shape if n != -1])
@@ -181,13 +219,13 @@ def reshape(a, *shape):
     return a.tape.apply(O.reshape, a, None, shape)
 
 
-def broadcast_to(a, shape):
+def broadcast_to(a: Var, shape: Sequence[int]) -> Var:
     """Broadcast to ``shape`` (the gradient sums back over the stretched axes)."""
     return a.tape.apply(O.broadcast_to, a, None, tuple(int(n) for n in shape))
 
 
-def _axis_op(op):
-    def f(a, axis=-1):
+def _axis_op(op) -> Callable[..., Var]:
+    def f(a: Var, axis: int = -1) -> Var:
         if a.id < 0:
             return a
         if not isinstance(axis, (int, np.integer)) or not -a.ndim <= axis < a.ndim:
@@ -202,19 +240,25 @@ def _axis_op(op):
 softmax, log_softmax = _axis_op(O.softmax), _axis_op(O.logsoftmax)
 
 
-def concat(xs, axis=0):
+def concat(xs: Iterable[Var], axis: int = 0) -> Var:
     """Join Vars along ``axis`` (a chain of binary ``concat`` nodes)."""
     xs = list(xs)
-    out = xs[0]
-    for x in xs[1:]:
-        if out.id < 0:
-            return out
-        nd = builtins.max(out.ndim, 1)
-        out = out.tape.apply(O.concat, out, x, int(axis) % nd if -nd <= axis < nd else axis)
-    return out
+    if not xs or not builtins.any(isinstance(x, Var) for x in xs):
+        raise ArgumentError(f"concat: expected a non-empty sequence with at least one Var, got "
+                            f"{[type(x).__name__ for x in xs]}")
+    tape = _tape(*xs)
+    with tape._lifted():   # a failing join takes the constants and joins before it along
+        xs = [_var(x, tape, "concat", f"xs[{k}]") for k, x in enumerate(xs)]
+        out = xs[0]
+        for x in xs[1:]:
+            if out.id < 0:
+                return out
+            nd = builtins.max(out.ndim, 1)
+            out = tape.apply(O.concat, out, x, int(axis) % nd if -nd <= axis < nd else axis)
+        return out
 
 
-def getitem(a, key):
+def getitem(a: Var, key: Any) -> Var:
     """NumPy basic indexing (ints, slices with any step, ``None``, ``...``) plus one integer array
     (or integer data Var) index, as ``x[idx]`` for an embedding lookup: ``take`` along that axis.
 
@@ -297,25 +341,31 @@ def _scalar_index(k):
     return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
 
 
-def mse(y, t):
+def mse(y: Operand, t: Operand) -> Var:
     """Mean squared error mean((y − t)²), a composite of registry ops."""
     return mean(square(sub(y, t)))
 
 
-def softmax_cross_entropy(logits, targets, axis=-1):
+def softmax_cross_entropy(logits: Operand, targets: Union[Operand, ArrayLike], axis: int = -1) -> Var:
     """Mean over rows of −Σ targets · log_softmax(logits) along ``axis`` (one fused node).
 
     ``targets`` (one-hot or any distribution per row) may be a Var or an array.
     """
     tape = _tape(logits, targets)
-    logits, targets = _var(logits, tape), _var(targets, tape)
-    if logits.id < 0 or targets.id < 0:
-        return logits if logits.id < 0 else targets
-    nd = builtins.max(logits.ndim, 1)
-    if not isinstance(axis, (int, np.integer)) or not -nd <= axis < nd:
+    if isinstance(logits, Var):
+        if logits.id < 0:
+            return logits
+        try:
+            tape._index(logits, "softmax_xent", "a")
+        except TapeError as e:
+            return tape._fail(e)
+    nd = builtins.max(logits.ndim if isinstance(logits, Var) else np.ndim(logits), 1)
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -nd <= axis < nd:
         return tape._fail(ShapeError(f"{at('softmax_xent', len(tape))}: axis {axis!r} is out of range for "
-                                     f"logits of shape {logits.shape}"))
-    return tape.apply(O.softmax_xent, logits, targets, int(axis) % nd)
+                                     f"logits of rank {nd}"))
+    with tape._lifted():
+        logits, targets = _var(logits, tape, "softmax_xent", "a"), _var(targets, tape, "softmax_xent", "b")
+        return tape.apply(O.softmax_xent, logits, targets, int(axis) % nd)
 
 
 def _install():

@@ -1,9 +1,10 @@
 """Gradient checking by central finite differences along random directions."""
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from .tape import Tape
+from .tape import Tape, Var
 
 
 class GradcheckReport(NamedTuple):
@@ -18,7 +19,8 @@ class GradcheckReport(NamedTuple):
         return f"gradcheck {state}: worst input {self.worst}, relative errors {[f'{e:.2e}' for e in self.errors]}"
 
 
-def gradcheck(fn, *arrays, eps=1e-6, rtol=1e-6, atol=1e-9, directions=3, seed=0):
+def gradcheck(fn: Callable[..., Var], *arrays: ArrayLike, eps: float = 1e-6, rtol: float = 1e-6,
+              atol: float = 1e-9, directions: int = 3, seed: int = 0) -> GradcheckReport:
     """Check the tape gradient of ``fn`` against central finite differences.
 
     ``fn(tape, *vars)`` builds a one-element result on ``tape`` from parameters made of ``arrays``.
@@ -31,9 +33,9 @@ def gradcheck(fn, *arrays, eps=1e-6, rtol=1e-6, atol=1e-9, directions=3, seed=0)
     >>> tg.gradcheck(lambda t, x: (x.tanh() * x).sum(), np.linspace(-1, 1, 5)).ok
     True
     """
-    arrays = [np.asarray(a, dtype=np.float64) for a in arrays]
+    data = [np.asarray(a, dtype=np.float64) for a in arrays]
     tape = Tape()
-    xs = [tape.param(a) for a in arrays]
+    xs = [tape.param(a) for a in data]
     out = fn(tape, *xs)
     tape.backward(out)
     grads = tuple(np.array(tape.grad(x)) for x in xs)
@@ -44,13 +46,13 @@ def gradcheck(fn, *arrays, eps=1e-6, rtol=1e-6, atol=1e-9, directions=3, seed=0)
 
     rng = np.random.default_rng(seed)
     errors = []
-    for k, a in enumerate(arrays):
+    for k, a in enumerate(data):
         worst = 0.0
         for _ in range(directions):
             u = rng.standard_normal(a.shape)
-            u /= max(np.linalg.norm(u), 1e-300)
-            plus = [v if j != k else v + eps * u for j, v in enumerate(arrays)]
-            minus = [v if j != k else v - eps * u for j, v in enumerate(arrays)]
+            u /= max(float(np.linalg.norm(u)), 1e-300)
+            plus = [v if j != k else v + eps * u for j, v in enumerate(data)]
+            minus = [v if j != k else v - eps * u for j, v in enumerate(data)]
             fd = (f(plus) - f(minus)) / (2 * eps)
             an = float(np.sum(grads[k] * u))
             err = abs(fd - an) / (atol / rtol + max(abs(fd), abs(an)))

@@ -12,11 +12,20 @@ An optimizer is a small transform with explicit state (``count``, ``mu``, ``nu``
    per-step host scalars in ``step_scalars(count)``, so a captured program replays the very same
    expressions and can never freeze a bias correction into its graph.
 """
+from __future__ import annotations
+
 import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import numpy as np
 
-from .errors import TapeError
+from .errors import ConfigError, ForeignVarError, TapeError
+
+if TYPE_CHECKING:
+    from .tape import Tape, Var
+
+ClipMode = Literal["optax", "seed", "torch"]
 
 CLIP_MODES = ("optax", "seed", "torch")
 
@@ -142,16 +151,21 @@ class Run:
 
 class Optimizer:
     """Shared registration, clipping and state handling; subclasses define the update."""
-    kind = None
+    kind: Optional[str] = None
     moments = 0
+    tape: Optional[Tape]
+    params: list[Var]
+    l2: list[float]
+    _runs: list[Run]
+    _where: list[Any]
 
-    def __init__(self, lr, *, clip=None, clip_mode="optax"):
+    def __init__(self, lr: float, *, clip: Optional[float] = None, clip_mode: ClipMode = "optax") -> None:
         if clip_mode not in CLIP_MODES:
-            raise ValueError(f"{self.kind}: clip_mode must be one of {CLIP_MODES}, got {clip_mode!r}")
-        if clip is not None and not clip > 0:
-            raise ValueError(f"{self.kind}: clip (the max global norm) must be > 0, got {clip!r}")
-        self.lr = float(lr)
-        self.clip = None if clip is None else float(clip)
+            raise ConfigError(f"{self.kind}: clip_mode must be one of {CLIP_MODES}, got {clip_mode!r}")
+        self.lr = _number(self.kind, "lr (the learning rate)", lr, 0.0, math.inf)
+        if clip is not None:
+            clip = _number(self.kind, "clip (the max global norm)", clip, 0.0, math.inf, lo_open=True)
+        self.clip = clip
         self.clip_mode = clip_mode
         self.count = 0
         self.tape = None
@@ -159,12 +173,15 @@ class Optimizer:
         self.l2 = []
         self._runs = []
         self._where = []   # per parameter: (run, index in run)
+        self._drops = -1   # the tape's parameter-drop count when the parameters were last checked
 
-    def add(self, tape, var, l2=0.0):
+    def add(self, tape: Tape, var: Var, l2: float = 0.0) -> Var:
         """Register one tape parameter with its own L2 coefficient (typically 0 for biases)."""
         if self.tape is not None and tape is not self.tape:
             raise TapeError(f"{self.kind}.add: this optimizer already serves another tape")
         i = tape._index(var, f"{self.kind}.add", "var")
+        l2 = _number(f"{self.kind}.add (node {i})", "l2", l2, 0.0, math.inf)
+        self.check_params(f"{self.kind}.add")
         if tape._nodes[i].op.name != "param":
             raise TapeError(f"{self.kind}.add (node {i}): expected a param, got a {tape._nodes[i].op.name} node")
         if any(p.id == i for p in self.params):
@@ -178,6 +195,15 @@ class Optimizer:
             for k, a in enumerate(old[key]):
                 np.copyto(self._state(key)[k], a)
         return var
+
+    def check_params(self, who):
+        """Raise ``ForeignVarError`` if ``reset_to`` dropped a registered parameter (its slot may now hold
+        another one): the optimizer would update the wrong memory."""
+        nodes = self.tape._nodes if self.tape is not None else ()
+        for k, v in enumerate(self.params):
+            if v.id >= len(nodes) or nodes[v.id].epoch != v.epoch:
+                raise ForeignVarError(f"{who}: parameter {k} (node {v.id}) was dropped by reset_to; register "
+                                      f"parameters before tape.mark() (or build a new optimizer after the reset)")
 
     def _layout(self):
         tape = self.tape
@@ -215,10 +241,13 @@ class Optimizer:
             units += [run.whole] if all(hit) else [u for u, h in zip(run.singles, hit) if h]
         return units
 
-    def step(self):
+    def step(self) -> None:
         """One update from the gradients on the tape; parameters change in place on the tape."""
         if self.tape is None:
             return
+        if self._drops != self.tape._params.drops:   # reset_to dropped parameters since the last check
+            self.check_params(f"{self.kind}.step")
+            self._drops = self.tape._params.drops
         self.count += 1
         sc = self.step_scalars(self.count)
         work = []
@@ -239,18 +268,18 @@ class Optimizer:
         for unit, g in work:
             self._update(unit.w, g, unit.state, sc, (unit.t, unit.u))
 
-    def config(self):
+    def config(self) -> dict[str, Any]:
         return {"kind": self.kind, "lr": self.lr, "clip": self.clip, "clip_mode": self.clip_mode,
                 "l2": list(self.l2)}
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The explicit state: ``count`` and the per-parameter moment arrays (copies)."""
-        state = {"count": self.count}
+        state: dict[str, Any] = {"count": self.count}
         for key in ("mu", "nu")[:self.moments]:
             state[key] = [a.copy() for a in self._state(key)] if self.params else []
         return state
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore ``state_dict()`` output; validates everything before changing anything."""
         count = state.get("count")
         if not isinstance(count, (int, np.integer)) or count < 0:
@@ -269,8 +298,25 @@ class Optimizer:
             for have, new in zip(self._state(key), state[key]):
                 np.copyto(have, new)
 
-    def step_scalars(self, count):
+    def step_scalars(self, count: int) -> tuple[float, ...]:
         return ()
+
+    def _update(self, w, g, state, sc, tmp):
+        raise NotImplementedError(f"{type(self).__name__}: an optimizer defines its update")
+
+
+def _number(who, name, x, lo, hi, lo_open=False, hi_open=False):
+    """``x`` as a float inside [lo, hi] (open ends where asked); ConfigError naming ``name`` otherwise."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{who}: {name} must be a real number, got {type(x).__name__} {x!r}") from None
+    if not (lo < v if lo_open else lo <= v) or not (v < hi if hi_open else v <= hi) or math.isnan(v):
+        want = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+        raise ConfigError(f"{who}: {name} must be a finite number in {want}, got {x!r}")
+    if math.isinf(v):
+        raise ConfigError(f"{who}: {name} must be finite, got {x!r}")
+    return v
 
 
 def sum_in_order(xs):
@@ -311,21 +357,27 @@ class Adam(Optimizer):
     kind = "Adam"
     moments = 2
 
-    def __init__(self, lr, b1=0.9, b2=0.999, eps=1e-8, *, eps_mode="optax", clip=None, clip_mode="optax"):
+    def __init__(self, lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, *,
+                 eps_mode: Literal["optax", "hat"] = "optax", clip: Optional[float] = None,
+                 clip_mode: ClipMode = "optax") -> None:
         if eps_mode not in ("optax", "hat"):
-            raise ValueError(f"Adam: eps_mode must be 'optax' or 'hat', got {eps_mode!r}")
+            raise ConfigError(f"Adam: eps_mode must be 'optax' or 'hat', got {eps_mode!r}")
         super().__init__(lr, clip=clip, clip_mode=clip_mode)
-        self.b1, self.b2, self.eps, self.eps_mode = float(b1), float(b2), float(eps), eps_mode
+        # b1, b2 = 1 divide by 1 − bᵗ = 0 (every parameter becomes NaN); eps = 0 divides 0/0 at g = 0.
+        self.b1 = _number("Adam", "b1", b1, 0.0, 1.0, hi_open=True)
+        self.b2 = _number("Adam", "b2", b2, 0.0, 1.0, hi_open=True)
+        self.eps = _number("Adam", "eps", eps, 0.0, math.inf, lo_open=True)
+        self.eps_mode = eps_mode
 
     @property
-    def mu(self):
+    def mu(self) -> list[np.ndarray]:
         return self._state("mu")
 
     @property
-    def nu(self):
+    def nu(self) -> list[np.ndarray]:
         return self._state("nu")
 
-    def step_scalars(self, count):
+    def step_scalars(self, count: int) -> tuple[float, ...]:
         """The host scalars of step ``count`` (1-based), recomputed every step, never captured."""
         bc1 = 1.0 - self.b1 ** count
         bc2 = 1.0 - self.b2 ** count
@@ -336,5 +388,5 @@ class Adam(Optimizer):
     def _update(self, w, g, state, sc, tmp):
         adam_update(w, g, state[0], state[1], self.b1, self.b2, self.eps, sc, self.eps_mode, tmp[0], tmp[1])
 
-    def config(self):
+    def config(self) -> dict[str, Any]:
         return {**super().config(), "b1": self.b1, "b2": self.b2, "eps": self.eps, "eps_mode": self.eps_mode}

@@ -90,6 +90,7 @@ class NumpyRunner:
         self.ws = Scratch(prog.dtype)
         self.seed = np.ones(prog.shapes[prog.loss_id], prog.dtype)
         self.opt_bufs = None
+        self.slab_bufs = None
 
     def forward(self):
         p, ws = self.p, self.ws
@@ -137,6 +138,8 @@ class NumpyRunner:
         o = p.opt
         o.count += 1
         sc = o.conf.step_scalars(o.count)
+        if o.whole and all(o.touched):
+            return self._step_slab(o, sc)
         if self.opt_bufs is None:
             self.opt_bufs = [tuple(aligned_empty(p.shapes[i], p.dtype) for _ in range(3)) for i in o.ids]
         work = []
@@ -166,6 +169,36 @@ class NumpyRunner:
             for k, w, gt, t, u in work:
                 adam_update(w, gt, o.mu[k], o.nu[k], c.b1, c.b2, c.eps, sc, c.eps_mode, t, u)
 
+    def _step_slab(self, o, sc):
+        """The same update on the program's parameter slab: one call per ufunc for all parameters
+        (elementwise, so bit-identical to updating each; the padding between them stays zero)."""
+        p = self.p
+        if self.slab_bufs is None:
+            l2 = None
+            if any(o.l2):
+                l2 = np.zeros_like(p.pslab)
+                for (off, n), c in zip(p.pspans, o.l2):
+                    l2[off:off + n] = c
+            self.slab_bufs = tuple(np.zeros_like(p.pslab) for _ in range(3)) + (l2,)
+        gt, t, u, l2 = self.slab_bufs
+        w, g = p.pslab, p.gslab
+        if l2 is not None:
+            l2_grad(g, w, l2, gt)
+        else:
+            np.copyto(gt, g)
+        if o.clip is not None:
+            total = 0.0
+            for off, n in p.pspans:
+                total += sq_norm(gt[off:off + n])
+            norm = math.sqrt(total)
+            if clips(norm, o.clip, o.clip_mode):
+                clip_scale(gt, norm, o.clip, o.clip_mode, gt)
+        if o.kind == "SGD":
+            sgd_update(w, gt, o.lr, t)
+        else:
+            c = o.conf
+            adam_update(w, gt, o.mslab, o.nslab, c.b1, c.b2, c.eps, sc, c.eps_mode, t, u)
+
     def episode(self):
         self.forward()
         self.backward()
@@ -174,7 +207,7 @@ class NumpyRunner:
         self.ws.pack()
 
     def attached(self):
-        self.opt_bufs = None
+        self.opt_bufs = self.slab_bufs = None
 
     def pull_count(self):
         pass

@@ -1,24 +1,44 @@
 """The tape: a single-owner arena of nodes, values and gradients, and its reverse sweep."""
+from __future__ import annotations
+
 import functools
 import math
 import os
 import sys
-from typing import NamedTuple, Optional
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from . import ops as O
 from ._arena import Arena, ParamStore, aligned_copy, aligned_empty, readonly
-from .errors import (ArgumentError, DomainError, DTypeError, ForeignVarError, LazyValueError, NonFiniteError,
-                     ShapeError, TapeError, at)
+from .errors import (ArgumentError, ConfigError, DomainError, DTypeError, ForeignVarError, LazyValueError,
+                     NonFiniteError, ShapeError, TapeError, at)
 
 _PKG = os.path.dirname(os.path.abspath(__file__))
-_UNBROADCAST = {}  # (contribution shape, input shape) -> (axes to sum, reduced shape)
-_ONES = {}    # (shape, dtype) -> the backward seed of a scalar loss
-_SHAPES = {}  # (op, a_shape, b_shape, s) -> out shape: shape rules run once per distinct call
+
+
+class _Memo(dict):
+    """A memo table that forgets everything when full: keys may hold scalar operands (a learning-rate
+    schedule, a temperature) or shapes that change every step, and must not grow without bound."""
+    LIMIT = 4096
+
+    def __setitem__(self, key, value):
+        if len(self) >= self.LIMIT:
+            self.clear()
+        dict.__setitem__(self, key, value)
+
+
+_UNBROADCAST = _Memo()  # (contribution shape, input shape) -> (axes to sum, reduced shape)
+_ONES = _Memo()    # (shape, dtype) -> the backward seed of a scalar loss
+_SHAPES = _Memo()  # (op, a_shape, b_shape, s) -> out shape: shape rules run once per distinct call
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 _INT = np.dtype(np.int64)   # integer data is held as int64, bool data as bool
 _DATA_NAMES = {"b": "bool data", "i": "integer data", "u": "integer data"}
+
+
+Operand = Union["Var", float, np.ndarray]   # what an op takes: a Var, a Python scalar, an array (a const)
 
 
 class Node(NamedTuple):
@@ -37,6 +57,7 @@ class Node(NamedTuple):
 
 
 _node = functools.partial(tuple.__new__, Node)  # C-speed Node construction on the hot path
+_DATA = O.data
 
 
 class NonFinite(NamedTuple):
@@ -46,9 +67,11 @@ class NonFinite(NamedTuple):
     kind: str           # "value" or "grad"
     input_shapes: tuple
     where: str          # "file.py:line"
+    name: Optional[str] = None   # the parameter's name (tape.param(..., name=)), if it has one
 
     def __str__(self):
-        return (f"{self.op} (node {self.node}): first non-finite {self.kind}, inputs {self.input_shapes}, "
+        who = self.op if self.name is None else f"{self.op} {self.name!r}"
+        return (f"{who} (node {self.node}): first non-finite {self.kind}, inputs {self.input_shapes}, "
                 f"created at {self.where}")
 
 
@@ -67,7 +90,7 @@ class Var:
     __slots__ = ("tape", "id", "epoch")
     __array_priority__ = 1000  # ndarray ⊕ Var defers to Var
 
-    def __init__(self, tape, i, epoch):
+    def __init__(self, tape: Tape, i: int, epoch: int) -> None:
         self.tape = tape
         self.id = i
         self.epoch = epoch
@@ -75,27 +98,49 @@ class Var:
     def __repr__(self):
         if self.id < 0:
             return "<Var poisoned>"
-        return f"<Var node {self.id}: {self.tape._nodes[self.id].op.name} {self.shape}>"
+        nodes = self.tape._nodes
+        if self.id >= len(nodes) or nodes[self.id].epoch != self.epoch:
+            return f"<Var node {self.id}: dropped by reset_to>"
+        return f"<Var node {self.id}: {nodes[self.id].op.name} {self.shape}>"
 
     @property
-    def shape(self):
+    def shape(self) -> tuple[int, ...]:
         return self.tape._nodes[self.tape._index(self, "shape", "self")].shape
 
     @property
-    def ndim(self):
+    def ndim(self) -> int:
         return len(self.shape)
 
     @property
-    def size(self):
+    def size(self) -> int:
         return math.prod(self.shape)
 
     @property
-    def value(self):
+    def value(self) -> np.ndarray:
         return self.tape.value(self)
 
     @property
-    def grad(self):
+    def grad(self) -> np.ndarray:
         return self.tape.grad(self)
+
+    if TYPE_CHECKING:   # installed at import by tapegrad.functional; declared here for type checkers
+        def __add__(self, other: Operand) -> Var: ...
+        def __radd__(self, other: Operand) -> Var: ...
+        def __sub__(self, other: Operand) -> Var: ...
+        def __rsub__(self, other: Operand) -> Var: ...
+        def __mul__(self, other: Operand) -> Var: ...
+        def __rmul__(self, other: Operand) -> Var: ...
+        def __truediv__(self, other: Operand) -> Var: ...
+        def __rtruediv__(self, other: Operand) -> Var: ...
+        def __matmul__(self, other: Operand) -> Var: ...
+        def __rmatmul__(self, other: Operand) -> Var: ...
+        def __neg__(self) -> Var: ...
+        def __abs__(self) -> Var: ...
+        def __pow__(self, p: float) -> Var: ...
+        def __getitem__(self, key: Any) -> Var: ...
+        @property
+        def T(self) -> Var: ...
+        def __getattr__(self, name: str) -> Any: ...   # the op methods (relu, sum, reshape, …)
 
     def __bool__(self):
         raise TypeError("a Var has no truth value; compare values with tape.value(v)")
@@ -133,12 +178,15 @@ class Tape:
     1
     """
 
-    def __init__(self, dtype=np.float64, *, on_error="raise", check_finite=False, sources=True):
+    _floor: Optional[int]
+
+    def __init__(self, dtype: DTypeLike = np.float64, *, on_error: Literal["raise", "poison"] = "raise",
+                 check_finite: bool = False, sources: bool = True) -> None:
         dtype = np.dtype(dtype)
         if dtype not in _DTYPES:
             raise DTypeError(f"Tape: dtype must be float64 or float32, got {dtype}")
         if on_error not in ("raise", "poison"):
-            raise ValueError(f"Tape: on_error must be 'raise' or 'poison', got {on_error!r}")
+            raise ConfigError(f"Tape: on_error must be 'raise' or 'poison', got {on_error!r}")
         self.dtype = dtype
         self.poison = on_error == "poison"
         self.check_finite = check_finite
@@ -157,15 +205,28 @@ class Tape:
         self._tmp = Arena(dtype)      # forward scratch, rewound after every op
         self._params = ParamStore(dtype)
         self._arena_grads = []
+        self._dropped = False  # drop_consts ran: backward checks that the values it reads exist
         self._floor = None    # the last mark: constants after it live in the value arena
+        self._names = {}      # parameter name -> its Var (entries of dropped nodes are stale, see names())
 
     # ── leaves ───────────────────────────────────────────────────────────────
 
-    def param(self, array):
-        """Register a trainable parameter; the array is copied into tape-owned aligned memory."""
-        return self._leaf(O.param, array, "param")
+    def param(self, array: ArrayLike, name: Optional[str] = None) -> Var:
+        """Register a trainable parameter; the array is copied into tape-owned aligned memory.
 
-    def const(self, array):
+        ``name`` (optional, unique among the tape's live parameters): how captured programs,
+        episode states, checkpoints and reports refer to it, e.g. ``program.value("W1")``.
+        """
+        if name is not None:
+            bad = self._bad_name(name)
+            if bad:
+                return self._fail(ArgumentError(f"{at('param', len(self))}: {bad}"))
+        var = self._leaf(O.param, array, "param")
+        if name is not None and var.id >= 0:
+            self._names[name] = var
+        return var
+
+    def const(self, array: ArrayLike) -> Var:
         """Register a constant (no gradient flows into it); copied in like ``param``.
 
         An integer or bool array becomes a data leaf (indices for ``take``, a mask for ``where``):
@@ -178,7 +239,7 @@ class Tape:
         """
         return self._leaf(O.const, array, "const")
 
-    def const_lazy(self, shape, dtype=None):
+    def const_lazy(self, shape: Sequence[int], dtype: Optional[DTypeLike] = None) -> Var:
         """A constant declared by shape whose values come later, through a captured program.
 
         The tape records ops on it (shapes only) but cannot evaluate them: use it on graphs that
@@ -196,7 +257,8 @@ class Tape:
         if isinstance(array, Var):
             raise TypeError(f"{at(name, len(self))}: expected an array, got a Var (use it directly)")
         if not isinstance(array, np.ndarray):
-            array = np.asarray(array, dtype=self.dtype if not isinstance(array, np.generic) else None)
+            raw = np.asarray(array)   # complex, str, None: no float() here; the dtype check names them
+            array = raw.astype(self.dtype) if raw.dtype.kind in "fbiu" and not isinstance(array, np.generic) else raw
         if op is O.const and array.dtype.kind in "biu":
             return self._data(array)
         if array.dtype.kind != "f" or array.dtype not in _DTYPES:
@@ -232,23 +294,23 @@ class Tape:
         nodes = self._nodes
         try:
             na = nodes[a.id]
-            if a.tape is not self or na.epoch != a.epoch:
+            if a.tape is not self or na[5] != a.epoch:
                 raise LookupError
             if b is None:
                 nb = None
-                key = (op, na.shape, None, s)
+                key = (op, na[8], None, s)
             else:
                 nb = nodes[b.id]
-                if b.tape is not self or nb.epoch != b.epoch:
+                if b.tape is not self or nb[5] != b.epoch:
                     raise LookupError
-                key = (op, na.shape, nb.shape, s)
+                key = (op, na[8], nb[8], s)
         except (AttributeError, IndexError, LookupError):
             try:
                 self._index(a, op.name, "a")
                 self._index(b, op.name, "b")
             except TapeError as e:
                 return self._fail(e)
-        if na[0] is O.data or (nb is not None and nb[0] is O.data):
+        if na[0] is _DATA or (nb is not None and nb[0] is _DATA):
             return self._apply_data(op, a, b, s, c)
         memo = _SHAPES.get(key)
         if memo is None:
@@ -260,9 +322,9 @@ class Tape:
         shape = memo[0]
         ia = a.id
         if nb is None:
-            ib, req, lazy = -1, na.req, na.lazy
+            ib, req, lazy = -1, na[4], na[7]
         else:
-            ib, req, lazy = b.id, na.req or nb.req, na.lazy or nb.lazy
+            ib, req, lazy = b.id, na[4] or nb[4], na[7] or nb[7]
         if lazy:
             return self._append(op, ia, ib, s, None, shape, req, True, None, None)
         arena = self._vals
@@ -383,7 +445,7 @@ class Tape:
 
     # ── reading values and gradients ─────────────────────────────────────────
 
-    def value(self, v):
+    def value(self, v: Var) -> np.ndarray:
         """A read-only view of a node's value (invalid after a reset past the node)."""
         i = self._index(v, "value", "v")
         val = self._val[i]
@@ -391,7 +453,7 @@ class Tape:
             raise LazyValueError(self._no_value(i, "value"))
         return readonly(val)
 
-    def grad(self, v):
+    def grad(self, v: Var) -> np.ndarray:
         """A read-only view of the accumulated gradient d loss/d v; zeros if backward never reached v."""
         i = self._index(v, "grad", "v")
         if self._nodes[i].op is O.data:
@@ -405,7 +467,7 @@ class Tape:
             g.fill(0.0)
         return readonly(g)
 
-    def touched(self, v):
+    def touched(self, v: Var) -> bool:
         """Whether backward has written d loss/d v since the last reset (untouched params are skipped)."""
         return self._touched(self._index(v, "touched", "v"))
 
@@ -419,22 +481,53 @@ class Tape:
         return (f"{at(self._nodes[i].op.name, i)}: has no {what} on the tape: it depends on the {kind} constant "
                 f"node {k}; run it through a captured program (tapegrad.capture) instead")
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._nodes)
 
+    # ── parameter names ──────────────────────────────────────────────────────
+
+    def names(self) -> dict[str, Var]:
+        """``{name: Var}`` of the named parameters still on the tape, in registration order.
+
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape(); w = tape.param(np.ones(2), name="W1")
+        >>> tape.names()
+        {'W1': <Var node 0: param (2,)>}
+        """
+        live = {n: v for n, v in self._names.items() if self._live(v)}
+        return dict(sorted(live.items(), key=lambda item: item[1].id))
+
+    def name_of(self, v: Var) -> Optional[str]:
+        """The name ``v`` was registered with (``param(..., name=)``), or None."""
+        i = self._index(v, "name_of", "v")
+        return next((n for n, w in self._names.items() if w.id == i and self._live(w)), None)
+
+    def _live(self, v):
+        return v.id < len(self._nodes) and self._nodes[v.id].epoch == v.epoch
+
+    def _bad_name(self, name):
+        if not isinstance(name, str) or not name or name != name.strip():
+            return f"name must be a non-empty string without surrounding spaces, got {name!r}"
+        if name.startswith("param_") and name[6:].isdigit():
+            return f"name {name!r} is reserved: unnamed parameters are called param_<k> (k = registration index)"
+        old = self._names.get(name)
+        if old is not None and self._live(old):
+            return f"name {name!r} is already taken by node {old.id}; parameter names are unique per tape"
+        return None
+
     @property
-    def nodes(self):
+    def nodes(self) -> tuple[Node, ...]:
         """The node table (read-only tuple of ``Node``), in tape order."""
         return tuple(self._nodes)
 
     # ── episodes ─────────────────────────────────────────────────────────────
 
-    def mark(self):
+    def mark(self) -> int:
         """A watermark for ``reset_to``: the current length of the tape."""
         self._floor = len(self._nodes)
         return self._floor
 
-    def reset_to(self, mark):
+    def reset_to(self, mark: int) -> None:
         """Drop every node with id >= mark and zero the surviving gradients, keeping all capacity.
 
         The minibatch loop: register parameters, ``m = tape.mark()``, then per batch build the graph,
@@ -461,7 +554,7 @@ class Tape:
         self._epoch += 1
         self._since = self._pass + 1
 
-    def drop_consts(self):
+    def drop_consts(self) -> int:
         """Free the host values of every constant (after a capture holds them); returns bytes freed.
 
         Constants registered before the first ``mark`` own their memory and free it; per-episode
@@ -471,6 +564,7 @@ class Tape:
         their own copies, and parameters stay.
         """
         freed = 0
+        self._dropped = True
         for i, n in enumerate(self._nodes):
             if n.op is O.const and self._val[i] is not None:
                 freed += self._val[i].nbytes if n.pos is None else 0
@@ -480,7 +574,7 @@ class Tape:
 
     # ── the reverse sweep ────────────────────────────────────────────────────
 
-    def backward(self, loss, seed=None):
+    def backward(self, loss: Var, seed: Optional[ArrayLike] = None) -> bool:
         """Accumulate d loss/d x into every node's gradient by one reverse walk of the tape.
 
         ``loss`` must hold a single element unless ``seed`` (an array of loss's shape, the cotangent) is
@@ -509,13 +603,17 @@ class Tape:
                 seed = _ONES[(shape, self.dtype)] = np.ones(shape, self.dtype)
         else:
             seed = np.asarray(seed)
+            if seed.dtype.kind not in "fiu":
+                self._fail(DTypeError(f"{at('backward', i)}: seed must hold real numbers, got {seed.dtype}"))
+                return False
             if seed.shape != shape:
                 self._fail(ShapeError(f"{at('backward', i)}: seed must have the loss's shape {shape}, got "
                                       f"{seed.shape}"))
                 return False
-        if self._nodes[i].lazy:
+        if self._nodes[i].lazy or (self._dropped and any(self._val[k] is None for k in _ancestors(self._nodes, i))):
             self._fail(LazyValueError(self._no_value(i, "gradient")))
             return False
+        self._recycle_scratch()
         self._pass += 1
         self._accumulate(i, seed)
         self._sweep(i)
@@ -525,6 +623,17 @@ class Tape:
                 self._fail(NonFiniteError(str(bad)))
                 return False
         return True
+
+    def _recycle_scratch(self):
+        """Before a second backward without ``reset_to``: move the gradients that live in the scratch arena
+        to their own buffers (values kept) and rewind it, so repeated backwards (gradient accumulation,
+        Jacobian rows) reuse the same scratch instead of growing it every call."""
+        if self._pass < self._since:
+            return
+        for j in self._arena_grads:
+            self._grad[j] = aligned_copy(self._grad[j], self.dtype)
+        self._arena_grads = []
+        self._grads.rewind()
 
     def _sweep(self, top):
         nodes, vals, grads, gpass, ws = self._nodes, self._val, self._grad, self._gpass, self._grads
@@ -583,7 +692,7 @@ class Tape:
 
     # ── anomaly detection ────────────────────────────────────────────────────
 
-    def first_nonfinite(self):
+    def first_nonfinite(self) -> Optional[NonFinite]:
         """The first node, in forward order, whose value (then: gradient) holds inf or nan; else None."""
         for kind, bufs in (("value", self._val), ("grad", self._grad)):
             for i, buf in enumerate(bufs):
@@ -592,7 +701,8 @@ class Tape:
                 if not np.isfinite(buf).all():
                     n = self._nodes[i]
                     ins = tuple(self._nodes[k].shape for k in (n.a, n.b) if k >= 0)
-                    return NonFinite(i, n.op.name, kind, ins, _where(n.src))
+                    name = next((k for k, v in self._names.items() if v.id == i and self._live(v)), None)
+                    return NonFinite(i, n.op.name, kind, ins, _where(n.src), name)
         return None
 
 
@@ -642,11 +752,20 @@ def _ancestors(nodes, i):
     return sorted(seen)
 
 
+_OURS = {}   # code object -> whether it is tapegrad's own (a dict lookup beats a string test per frame)
+
+
 def _user_frame():
     f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.startswith(_PKG):
+    while f is not None:
+        code = f.f_code
+        ours = _OURS.get(code)
+        if ours is None:
+            ours = _OURS[code] = code.co_filename.startswith(_PKG)
+        if not ours:
+            return (code, f.f_lineno)
         f = f.f_back
-    return None if f is None else (f.f_code, f.f_lineno)
+    return None
 
 
 def _where(src):

@@ -9,6 +9,7 @@ import pytest
 import tapegrad as tg
 
 interop = pytest.importorskip("interop")
+chex = pytest.importorskip("chex")
 from interop import CopyWarning, TransformError, jax, jnp  # noqa: E402
 
 
@@ -110,8 +111,9 @@ XS = jnp.asarray(RNG.standard_normal((5, 3, 4)))
 
 
 def close(a, b, rtol=1e-12):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=rtol * float(np.abs(y).max() + 1e-300))
+    """Trees of equal structure, every leaf within ``rtol`` of ``b``'s (atol: rtol × that leaf's max |b|)."""
+    jax.tree.map(lambda x, y: chex.assert_trees_all_close(
+        x, y, rtol=rtol, atol=rtol * float(np.abs(np.asarray(y)).max() + 1e-300)), a, b)
 
 
 @pytest.mark.parametrize("transform", [
@@ -121,6 +123,24 @@ def close(a, b, rtol=1e-12):
 ], ids=["jit", "grad", "jit_value_and_grad"])
 def test_jax_function_matches_jax(transform):
     close(transform(F)(X, W, B), transform(_mlp_ref)(X, W, B))
+
+
+class JaxFunctionJitAndEagerTest(chex.TestCase):
+    """A tape-backed function gives the same bits jitted and eagerly (the tape runs on the host either way)."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_value_and_grad(self):
+        for fn in (F, jax.value_and_grad(F, (0, 1, 2))):
+            got = self.variant(fn)(X, W, B)
+            chex.assert_trees_all_equal(got, jax.jit(fn)(X, W, B))
+        close(got, jax.value_and_grad(_mlp_ref, (0, 1, 2))(X, W, B))
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_vmap_of_grad(self):
+        vg = jax.vmap(jax.grad(F, 1), (0, None, None))
+        got = self.variant(vg)(XS, W, B)
+        chex.assert_trees_all_equal(got, jax.jit(vg)(XS, W, B))
+        close(got, jax.vmap(jax.grad(_mlp_ref, 1), (0, None, None))(XS, W, B))
 
 
 def test_jax_function_vmap_and_compositions():
@@ -149,3 +169,14 @@ def test_jax_function_float32_and_bad_dtypes():
     close(g, jax.grad(_mlp_ref, 1)(X, W, B), rtol=1e-5)
     with pytest.raises(TypeError, match="float32/float64"):
         F(X.astype(np.int32), W, B)
+
+
+def test_interop_errors_belong_to_the_tapegrad_family():
+    with pytest.raises(tg.TapeError, match="not supported") as e:
+        jax.jvp(F, (X, W, B), (X, W, B))
+    assert isinstance(e.value, TransformError) and isinstance(e.value, TypeError)
+    tape = tg.Tape()
+    w = tape.param(np.ones(2))
+    with pytest.raises(tg.TapeError, match="attach an optimizer") as e:
+        interop.program_episode(tg.capture(tape, (w * w).sum()))
+    assert isinstance(e.value, interop.ProgramError) and isinstance(e.value, ValueError)

@@ -9,6 +9,10 @@ import pytest
 import tapegrad as tg
 
 interop = pytest.importorskip("interop")
+chex = pytest.importorskip("chex")
+optax = pytest.importorskip("optax")
+from absl.testing import parameterized  # noqa: E402  (installed with chex)
+
 from interop import ProgramError, jax, jnp  # noqa: E402
 from interop import program as P  # noqa: E402
 
@@ -24,12 +28,21 @@ def model(tape, W, b, x, y):
 
 
 def build(backend, optimizer=False):
+    """The model's program; W is named "W", b keeps the default name "param_1"."""
     tape = tg.Tape()
-    W, b = tape.param(W0), tape.param(B0)
+    W, b = tape.param(W0, name="W"), tape.param(B0)
     x, y = tape.const(DATA[0][0]), tape.const(DATA[0][1])
     loss = model(tape, W, b, x, y)
     opt = None
-    if optimizer:
+    if optimizer == "plain":     # optax.adam's exact twin
+        opt = tg.Adam(1e-2)
+        opt.add(tape, W)
+        opt.add(tape, b)
+    elif optimizer == "sgd":
+        opt = tg.SGD(0.1)
+        opt.add(tape, W)
+        opt.add(tape, b)
+    elif optimizer:
         opt = tg.Adam(1e-2, clip=1.0)
         opt.add(tape, W, l2=1e-3)
         opt.add(tape, b)
@@ -54,19 +67,61 @@ ARGS = (jnp.asarray(W0), jnp.asarray(B0), jnp.asarray(DATA[1][0]), jnp.asarray(D
 
 
 def close(a, b, rtol=1e-12):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=rtol * float(np.abs(b).max() + 1e-300))
+    """Trees of equal structure, every leaf within ``rtol`` of ``b``'s (atol: rtol × that leaf's max |b|)."""
+    jax.tree.map(lambda x, y: chex.assert_trees_all_close(
+        x, y, rtol=rtol, atol=rtol * float(np.abs(np.asarray(y)).max() + 1e-300)), a, b)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_value_and_grad_in_jit_match_the_tape(backend):
-    (loss, (gW, gb)) = VG[backend](*ARGS)
-    l0, gW0, gb0 = tape_reference(DATA[1][0], DATA[1][1])
-    if backend == "numpy":  # the NumPy replay is bit-identical to the tape
-        assert float(loss) == l0 and (np.asarray(gW) == gW0).all() and (np.asarray(gb) == gb0).all()
-    close(loss, l0)
-    close(gW, gW0)
-    close(gb, gb0)
-    assert CALLS[backend].native == (backend == "native")
+class JitAndEagerTest(chex.TestCase):
+    """The same program functions jitted and called eagerly: each against the tape, within its tier."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*BACKENDS)
+    def test_value_and_grad_match_the_tape(self, backend):
+        loss, grads = self.variant(jax.value_and_grad(CALLS[backend], (0, 1)))(*ARGS)
+        want = tape_reference(DATA[1][0], DATA[1][1])
+        if backend == "numpy":  # the NumPy replay is bit-identical to the tape
+            chex.assert_trees_all_equal((loss, grads), (np.float64(want[0]), want[1:]))
+        close((loss, grads), (np.float64(want[0]), want[1:]))
+        assert CALLS[backend].native == (backend == "native")
+
+    @chex.variants(with_jit=True, without_jit=True)
+    @parameterized.parameters(*BACKENDS)
+    def test_episode_step_matches_the_tape(self, backend):
+        prog = build(backend, optimizer=True)
+        step = self.variant(interop.program_episode(prog))
+        params, state = interop.episode_state(prog)
+        tape, W, b, opt, mark = _tape_twin()
+        for x, y in DATA[:3]:
+            loss, params, state = step(params, state, (jnp.asarray(x), jnp.asarray(y)))
+            ref = model(tape, W, b, tape.const(x), tape.const(y))
+            tape.backward(ref)
+            opt.step()
+            want = (tape.value(ref).reshape(()), {"W": tape.value(W), "param_1": tape.value(b)})
+            if backend == "numpy":
+                chex.assert_trees_all_equal((loss, params), want)
+            close((loss, params), want, rtol=1e-11)
+            tape.reset_to(mark)
+        assert int(state.count) == 3 and state.count.dtype == np.int32
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_flatten_and_unflatten_are_inverse_bit_for_bit(self):
+        prog = build(BACKENDS[0], optimizer=True)
+        named = interop.episode_state(prog)
+        flat = self.variant(lambda p, s: interop.flatten_state(prog, p, s))(*named)
+        chex.assert_trees_all_equal(flat, interop.episode_state(prog, flat=True))
+        back = self.variant(lambda f: interop.unflatten_state(prog, f))(flat)
+        chex.assert_trees_all_equal(back, named)
+
+
+def _tape_twin():
+    """The eager tape + Adam that ``build(..., optimizer=True)`` captures, for step-by-step references."""
+    tape = tg.Tape()
+    W, b = tape.param(W0), tape.param(B0)
+    opt = tg.Adam(1e-2, clip=1.0)
+    opt.add(tape, W, l2=1e-3)
+    opt.add(tape, b)
+    return tape, W, b, opt, tape.mark()
 
 
 @pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
@@ -74,8 +129,7 @@ def test_callback_fallback_gives_the_same_bits_as_the_ffi_handler():
     host = interop.program_call(PROGS["native"], native=False)
     a = VG["native"](*ARGS)
     b = jax.jit(jax.value_and_grad(host, (0, 1)))(*ARGS)
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        assert (np.asarray(x) == np.asarray(y)).all()
+    chex.assert_trees_all_equal(a, b)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -98,7 +152,7 @@ def test_wrong_arguments_raise_clear_errors():
     f = CALLS[BACKENDS[0]]
     with pytest.raises(ProgramError, match=r"inputs\[0\] must have shape \(5, 4\)"):
         f(ARGS[0], ARGS[1], jnp.ones((6, 4)), ARGS[3])
-    with pytest.raises(ProgramError, match="must be float64"):
+    with pytest.raises(ProgramError, match=r"params\[0\] \('W'\) must be float64"):
         f(ARGS[0].astype(np.float32), *ARGS[1:])
     with pytest.raises(ProgramError, match="expected 2 inputs"):
         f(*ARGS[:3])
@@ -134,36 +188,90 @@ def test_unloaded_program_is_an_xla_error_not_a_crash():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_episode_in_jit_updates_in_place_and_matches_the_tape(backend):
     prog = build(backend, optimizer=True)
-    step = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1, 2))
-    params, state, count = interop.episode_state(prog)
-    tape = tg.Tape()
-    W, b = tape.param(W0), tape.param(B0)
-    opt = tg.Adam(1e-2, clip=1.0)
-    opt.add(tape, W, l2=1e-3)
-    opt.add(tape, b)
-    mark = tape.mark()
+    step = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
+    params, state = interop.episode_state(prog)
+    tape, W, b, opt, mark = _tape_twin()
+    def arrays(params, state):   # everything but the 0-d int32 count (converted to the program's dtype)
+        return [a.unsafe_buffer_pointer() for a in jax.tree.leaves((params, state.mu, state.nu))]
+
     for x, y in DATA:
-        before = params[0].unsafe_buffer_pointer()
-        loss, params, state, count = step(params, state, count, (jnp.asarray(x), jnp.asarray(y)))
-        assert params[0].unsafe_buffer_pointer() == before  # donated and aliased: updated in place
+        before = arrays(params, state)
+        loss, params, state = step(params, state, (jnp.asarray(x), jnp.asarray(y)))
+        assert arrays(params, state) == before   # donated and aliased: updated in place
         ref = model(tape, W, b, tape.const(x), tape.const(y))
         tape.backward(ref)
         opt.step()
         if backend == "numpy":
             assert float(loss) == float(tape.value(ref))
-        close(loss, tape.value(ref))
+        close(loss, tape.value(ref).reshape(()))
         tape.reset_to(mark)
-    assert float(count) == len(DATA)
-    for got, want in zip(params + state, [tape.value(W), tape.value(b), opt.mu[0], opt.nu[0], opt.mu[1], opt.nu[1]]):
-        if backend == "numpy":
-            assert (np.asarray(got) == want).all()
-        close(got, want, rtol=1e-11)
+    want = ({"W": tape.value(W), "param_1": tape.value(b)},
+            optax.ScaleByAdamState(count=np.int32(len(DATA)), mu={"W": opt.mu[0], "param_1": opt.mu[1]},
+                                   nu={"W": opt.nu[0], "param_1": opt.nu[1]}))
+    if backend == "numpy":
+        chex.assert_trees_all_equal((params, state), want, strict=True)
+    close((params, state), want, rtol=1e-11)
+
+
+def test_episode_state_is_named_and_shaped_as_optax():
+    prog = build(BACKENDS[0], optimizer="plain")
+    params, state = interop.episode_state(prog)
+    assert list(params) == ["W", "param_1"] == prog.param_names
+    assert type(state) is optax.ScaleByAdamState and state.count.dtype == np.int32 and int(state.count) == 0
+    want = optax.adam(1e-2).init(params)[0]   # optax's own initial state for the same parameters
+    chex.assert_trees_all_equal(state, want, strict=True)
+    chex.assert_trees_all_equal(params, {"W": W0, "param_1": B0})
+    sgd = build(BACKENDS[0], optimizer="sgd")
+    assert interop.episode_state(sgd)[1] == interop.SGDState(count=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_state_goes_to_optax_and_back(backend):
+    """Episode, then one optax.adam update on the program's gradient, then episodes again on optax's state:
+    the same as episodes throughout (bit for bit on the NumPy replay, whose Adam is optax's op for op)."""
+    prog, ref = build(backend, optimizer="plain"), build(backend, optimizer="plain")
+    step = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
+    ref_step = jax.jit(interop.program_episode(ref), donate_argnums=(0, 1))
+    grad = jax.grad(interop.program_call(prog), (0, 1))
+    tx = optax.adam(1e-2)
+    params, state = interop.episode_state(prog)
+    rparams, rstate = interop.episode_state(ref)
+    for k, (x, y) in enumerate(DATA[:4]):
+        xy = (jnp.asarray(x), jnp.asarray(y))
+        if k == 1:
+            g = dict(zip(prog.param_names, grad(params["W"], params["param_1"], *xy)))
+            updates, (state, _) = tx.update(g, (state, optax.EmptyState()), params)   # optax, op by op
+            params = optax.apply_updates(params, updates)
+        else:
+            _, params, state = step(params, state, xy)
+        _, rparams, rstate = ref_step(rparams, rstate, xy)
+    assert type(state) is optax.ScaleByAdamState and int(state.count) == 4
+    chex.assert_tree_all_finite((params, state))   # NaNs would compare equal below
+    if backend == "numpy":
+        chex.assert_trees_all_equal((params, state), (rparams, rstate), strict=True)
+    close((params, state), (rparams, rstate), rtol=1e-11)
+
+
+def test_named_state_errors_name_the_parameter():
+    prog = build(BACKENDS[0], optimizer=True)
+    step = interop.program_episode(prog)
+    params, state = interop.episode_state(prog)
+    xy = (jnp.asarray(DATA[0][0]), jnp.asarray(DATA[0][1]))
+    with pytest.raises(ProgramError, match=r"params must have the keys \['W', 'param_1'\]; missing \['param_1'\], "
+                                           r"unexpected \['b'\]"):
+        step({"W": params["W"], "b": params["param_1"]}, state, xy)
+    with pytest.raises(ProgramError, match=r"opt_state.nu\['W'\] must be float64\[4, 3\] .* got float64\[3, 4\]"):
+        step(params, state._replace(nu={**state.nu, "W": state.nu["W"].T}), xy)
+    with pytest.raises(ProgramError, match="opt_state must have a 'count' field"):
+        step(params, (state.mu, state.nu), xy)
+    with pytest.raises(ProgramError, match="params must be a dict"):
+        step(tuple(params.values()), state, xy)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_flat_episode_equals_the_separate_layout(backend):
     prog = build(backend, optimizer=True)
-    sep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1, 2))
+    sep = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
     flat = jax.jit(interop.program_episode(prog, flat=True), donate_argnums=0)
     s1, s2 = interop.episode_state(prog), interop.episode_state(prog, flat=True)
     for x, y in DATA[:4]:
@@ -171,9 +279,7 @@ def test_flat_episode_equals_the_separate_layout(backend):
         before = s2.unsafe_buffer_pointer()
         l2, s2 = flat(s2, (jnp.asarray(x), jnp.asarray(y)))
         assert float(l1) == float(l2) and s2.unsafe_buffer_pointer() == before
-    p2, st2, c2 = interop.unflatten_state(prog, s2)
-    for a, b in zip(s1[0] + s1[1] + (s1[2],), p2 + st2 + (c2,)):
-        assert (np.asarray(a) == np.asarray(b)).all()
+    chex.assert_trees_all_equal(interop.unflatten_state(prog, s2), tuple(s1), strict=True)
     with pytest.raises(ProgramError, match=r"state\[0\] must have shape"):
         flat(s2[:-1], (jnp.asarray(DATA[0][0]), jnp.asarray(DATA[0][1])))
 
@@ -249,3 +355,161 @@ def test_without_a_c_compiler_the_callback_path_runs():
     env = dict(os.environ, CC="/nonexistent/cc")
     r = subprocess.run([sys.executable, "-c", NO_CC], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
+
+
+# ── the FFI handler runs on XLA's buffers: the same bits as the copying (host-callback) path ──
+
+def bits(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert np.asarray(x).shape == np.asarray(y).shape and (np.asarray(x) == np.asarray(y)).all()
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+@pytest.mark.parametrize("flat", [False, True])
+def test_zero_copy_episode_gives_the_copying_paths_bits(flat):
+    prog = build("native", optimizer=True)
+    ffi = jax.jit(interop.program_episode(prog, flat=flat), donate_argnums=0 if flat else (0, 1, 2))
+    host = jax.jit(interop.program_episode(prog, flat=flat, native=False))
+    a = interop.episode_state(prog, flat=flat)
+    b = jax.tree.map(jnp.array, a)
+    for x, y in DATA[:6]:
+        xy = (jnp.asarray(x), jnp.asarray(y))
+        la, *a = ffi(*([a] if flat else a), xy)
+        lb, *b = host(*([b] if flat else b), xy)
+        a, b = (a[0], b[0]) if flat else (a, b)
+        assert float(la) == float(lb)
+        bits(a, b)
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_zero_copy_vmap_gives_the_copying_paths_bits():
+    ffi, host = CALLS["native"], interop.program_call(PROGS["native"], native=False)
+    Ws = jnp.stack([ARGS[0], 2 * ARGS[0], -ARGS[0]])
+    xs = jnp.stack([jnp.asarray(x) for x, _ in DATA[:3]])
+    for f in (lambda g: jax.vmap(jax.value_and_grad(g, (0, 1)), (0, None, 0, None)),):
+        bits(jax.jit(f(ffi))(Ws, ARGS[1], xs, ARGS[3]), jax.jit(f(host))(Ws, ARGS[1], xs, ARGS[3]))
+
+
+def square_model(backend, optimizer=False):
+    """A program whose parameter and two inputs share one shape, so one XLA buffer can fill several."""
+    tape = tg.Tape()
+    W = tape.param(RNG.standard_normal((3, 3)) * 0.5)
+    x, y = tape.const(np.zeros((3, 3))), tape.const(np.zeros((3, 3)))
+    loss = ((x @ W).tanh() * y + W * x).sum()
+    prog = tg.capture(tape, loss, backend=backend)
+    if optimizer:
+        opt = tg.Adam(1e-2)
+        opt.add(tape, W)
+        prog.attach(opt)
+    return prog, np.array(tape.value(W))
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_one_buffer_passed_for_several_operands():
+    prog, W = square_model("native")
+    ffi, host = interop.program_call(prog), interop.program_call(prog, native=False)
+    x = jnp.asarray(RNG.standard_normal((3, 3)))
+    for f in (ffi, host):
+        assert f.native == (f is ffi)
+    # inside one jit the same value feeds both inputs (and the parameter): XLA passes one buffer
+    same = [jax.jit(jax.value_and_grad(lambda W, x: f(W, x, x)))(jnp.asarray(W), x) for f in (ffi, host)]
+    bits(*same)
+    every = [jax.jit(lambda x: jax.value_and_grad(lambda W: f(W, x, x))(x))(x) for f in (ffi, host)]
+    bits(*every)
+    tape = tg.Tape()
+    Wv = tape.param(np.asarray(x))
+    xv = tape.const(np.asarray(x))
+    loss = ((xv @ Wv).tanh() * xv + Wv * xv).sum()
+    tape.backward(loss)
+    close(every[0][0], tape.value(loss))
+    close(every[0][1], tape.grad(Wv))
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_episode_whose_parameter_is_also_an_input():
+    prog, W = square_model("native", optimizer=True)
+    runs = []
+    for native in (True, False):
+        step = jax.jit(lambda p, s, c, f=interop.program_episode(prog, native=native): f(p, s, c, (p[0], p[0])))
+        params, state, count = interop.episode_state(prog)
+        out = []
+        for _ in range(3):   # the parameter is read as both inputs while the step updates it
+            loss, params, state, count = step(params, state, count)
+            out.append((loss, params, state, count))
+        runs.append(out)
+    bits(*runs)
+    assert float(runs[0][-1][3]) == 3.0
+
+
+SHARD_EPISODE = r'''
+import os, sys, functools
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import numpy as np, tapegrad as tg, interop
+from interop import jax, jnp
+from interop import program as PR
+from jax.sharding import PartitionSpec as P, NamedSharding
+rng = np.random.default_rng(0)
+tape = tg.Tape()
+W = tape.param(rng.standard_normal((4, 3)) * .5); b = tape.param(np.zeros(3))
+loss = tg.softmax_cross_entropy((tape.const(np.zeros((5, 4))) @ W + b).tanh(), tape.const(np.zeros((5, 3))))
+prog = tg.capture(tape, loss, backend="native")
+opt = tg.Adam(1e-2); opt.add(tape, W); opt.add(tape, b); prog.attach(opt)
+step = interop.program_episode(prog, flat=True)
+s0 = interop.episode_state(prog, flat=True)
+X = jnp.asarray(rng.standard_normal((20, 4))); Y = jnp.asarray(np.eye(3)[rng.integers(0, 3, 20)])
+mesh = jax.make_mesh((4,), ("data",))
+@jax.jit
+@functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("data"), P("data"), P("data")), out_specs=(P("data"), P("data")))
+def each(s, x, y):     # every shard trains its own copy of the state on its own data: no communication
+    l, s = step(s[0], (x, y))
+    l, s = step(s, (x, y))
+    return l[None], s[None]
+sh = NamedSharding(mesh, P("data"))
+S = jax.device_put(jnp.stack([s0 * (1 + k) for k in range(4)]), sh)
+l, s = each(S, jax.device_put(X, sh), jax.device_put(Y, sh))
+assert len(jax.devices()) == 4 and PR.stats(prog)["instances"] == 4, PR.stats(prog)
+l, s = np.asarray(l), np.asarray(s)
+one = jax.jit(step)
+for k in range(4):
+    x, y = X[5 * k:5 * k + 5], Y[5 * k:5 * k + 5]
+    lk, sk = one(s0 * (1 + k), (x, y))
+    lk, sk = one(sk, (x, y))
+    assert float(lk) == l[k] and (np.asarray(sk) == s[k]).all(), k
+print("ok", PR.stats(prog)["instances"])
+'''
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_episode_per_shard_on_four_host_devices_runs_one_instance_each():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    r = subprocess.run([sys.executable, "-c", SHARD_EPISODE], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "ok 4" in r.stdout, r.stderr[-3000:]
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_products_split_over_xlas_thread_pool_give_the_same_bits(monkeypatch):
+    """Inside the handler, products from SPLIT_PRODUCTS multiply-adds up are split by rows over XLA's
+    intra-op pool: loss, gradients and episode the same bits as the copying path (one BLAS call each)."""
+    monkeypatch.setattr(P, "SPLIT_PRODUCTS", 64)
+    monkeypatch.setenv("TAPEGRAD_SMALL_GEMM", "0")
+    rng = np.random.default_rng(3)
+    tape = tg.Tape()
+    W1, W2 = tape.param(rng.standard_normal((9, 24)) * 0.3), tape.param(rng.standard_normal((24, 5)) * 0.3)
+    x, y = tape.const(rng.standard_normal((40, 9))), tape.const(np.eye(5)[rng.integers(0, 5, 40)])
+    prog = tg.capture(tape, tg.softmax_cross_entropy((x @ W1).tanh() @ W2, y), backend="native")
+    opt = tg.Adam(1e-2)
+    opt.add(tape, W1)
+    opt.add(tape, W2)
+    prog.attach(opt)
+    args = [jnp.asarray(tape.value(v)) for v in (W1, W2, x, y)]
+    vg = [jax.jit(jax.value_and_grad(interop.program_call(prog, native=n), (0, 1)))(*args) for n in (True, False)]
+    bits(*vg)
+    eps = []
+    for n in (True, False):
+        step = jax.jit(interop.program_episode(prog, flat=True, native=n))
+        s = interop.episode_state(prog, flat=True)
+        for _ in range(3):
+            loss, s = step(s, tuple(args[2:]))
+        eps.append((loss, s))
+    bits(*eps)
+    assert P.stats(prog)["splits"] > 0 or os.cpu_count() == 1   # XLA's pool has a thread per core

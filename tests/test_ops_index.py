@@ -299,3 +299,25 @@ def test_graph_convolution_with_scatter_add():
         agg = jax.ops.segment_sum((data[0] @ W1)[src], dst, num_segments=N) / deg
         return jnp.mean((jax.nn.relu(agg) @ W2 - data[1]) ** 2)
     check_model(on_tape, in_jax, params, (feats, y))
+
+
+def test_cnn_with_integer_labels():
+    """conv + relu + max pool + dense, cross-entropy on integer labels (take_along_axis)."""
+    rng = np.random.default_rng(4)
+    params = [rng.standard_normal((4, 1, 3, 3)) / 3, rng.standard_normal((1, 4, 1, 1)) * 0.1,
+              rng.standard_normal((100, 3)) / 10, np.zeros(3)]
+    x, labels = rng.standard_normal((5, 1, 12, 12)), rng.integers(0, 3, (5, 1))
+
+    def on_tape(tape, ps, data):
+        w1, b1, w2, b2 = ps
+        h = tg.max_pool((tg.conv(tape.const(data[0]), w1) + b1).relu(), 2, layout="NCHW")   # (5, 4, 5, 5)
+        logp = (h.reshape(5, 100) @ w2 + b2).log_softmax(axis=1)
+        return -tg.take_along_axis(logp, data[1], axis=1).mean()
+
+    def in_jax(ps, data):
+        w1, b1, w2, b2 = ps
+        h = jax.lax.conv_general_dilated(data[0], w1, (1, 1), "VALID", precision=jax.lax.Precision.HIGHEST)
+        h = jax.lax.reduce_window(jax.nn.relu(h + b1), -jnp.inf, jax.lax.max, (1, 1, 2, 2), (1, 1, 2, 2), "VALID")
+        logp = jax.nn.log_softmax(h.reshape(5, 100) @ w2 + b2, axis=1)
+        return -jnp.mean(jnp.take_along_axis(logp, data[1], axis=1))
+    check_model(on_tape, in_jax, params, (x, labels))

@@ -14,6 +14,8 @@ import pytest
 import tapegrad as tg
 
 interop = pytest.importorskip("interop")
+chex = pytest.importorskip("chex")
+from interop import jnp  # noqa: E402
 from interop.parity import compare_with_optax, optax_chain  # noqa: E402
 
 RNG = np.random.default_rng(0)
@@ -36,6 +38,30 @@ def adam(clip=None, l2=(0.0, 0.0)):
 def test_bit_identical_to_optax_op_by_op(make):
     r = compare_with_optax(make(), INIT, grad_fn, steps=100, jit=False)
     assert r.identical and r.max_abs == 0.0, r
+
+
+def test_adam_state_equals_optax_state_op_by_op():
+    """Beyond the parameters compare_with_optax checks: the moments and the step count, leaf for leaf."""
+    opt, tape = tg.Adam(1e-2), tg.Tape()
+    ws = [tape.param(a) for a in INIT]
+    for w in ws:
+        opt.add(tape, w)
+    mark = tape.mark()
+    tx = optax_chain(opt)
+    params = [jnp.asarray(a) for a in INIT]
+    state = tx.init(params)
+    for k in range(20):
+        g = grad_fn(k, [np.asarray(tape.value(w)) for w in ws])
+        tape.backward(sum((w * tape.const(gk)).sum() for w, gk in zip(ws, g)))   # injects g exactly
+        opt.step()
+        tape.reset_to(mark)
+        updates, state = tx.update([jnp.asarray(gk) for gk in grad_fn(k, [np.asarray(p) for p in params])],
+                                   state, params)
+        params = [p + u for p, u in zip(params, updates)]
+    ours = opt.state_dict()
+    chex.assert_trees_all_equal(params, [tape.value(w) for w in ws])
+    chex.assert_trees_all_equal((state[0].mu, state[0].nu), (ours["mu"], ours["nu"]))
+    assert int(state[0].count) == ours["count"] == 20
 
 
 @pytest.mark.parametrize("l2", [(0.0, 0.0), (1e-2, 0.0)], ids=["clip", "clip_l2"])

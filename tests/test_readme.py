@@ -27,6 +27,8 @@ def test_capture_and_jax_examples_run():
     exec(compile(blocks()[2], "README.md", "exec"), scope)
     assert scope["report"].ok and scope["g"].shape == (8, 3)
     assert float(scope["loss_value"]) > 0
+    params, opt_state = scope["params"], scope["opt_state"]
+    assert list(params) == ["W", "b"] and int(opt_state.count) == 101 and set(opt_state.mu) == {"W", "b"}
 
 
 def test_the_mlp_example_trains():

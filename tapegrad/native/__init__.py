@@ -5,3 +5,4 @@ the non-elementwise ops, ``fuse`` plans fused elementwise loops, ``codegen`` pri
 (fixed ABI), ``build`` compiles it into the content-hashed cache, ``runner`` owns the buffer table and
 calls the library (and answers ``Program.native_abi()``); ``runtime.c`` holds the generic kernels.
 """
+from .build import cache_info, clear_cache  # noqa: E402,F401  (the build cache, see build.py)

@@ -3,8 +3,9 @@
 Fixed ABI (every program): ``void tg_forward(void *ctx)``, ``tg_backward``, ``tg_step``, ``tg_episode``
 (forward + backward + step). ``ctx`` is a table of pointers: ``[0]`` the BLAS gemm, ``[1]`` the BLAS
 dot, ``[2]`` the step scalars (double), ``[3]`` the optimizer configuration (double), ``[4]`` the
-optimizer's parameter table (long long), ``[5]`` the LAPACK function table (linalg ops), ``[6..7]``
-reserved, ``[8 + i]`` buffer ``i`` (values,
+optimizer's parameter table (long long), ``[5]`` the LAPACK function table (linalg ops), ``[6]``
+an optional thread pool for large products (``tg_team`` in runtime.c; 0 runs them in one BLAS call),
+``[7]`` reserved, ``[8 + i]`` buffer ``i`` (values,
 gradients, scratch, optimizer state). Elementwise nodes print the registry's C expressions through
 one dialect (``expr.py``); the rest call the runtime kernels in ``runtime.c``. A fused segment is one
 loop whose body is the unfused loop bodies in node order, so it rounds identically.
@@ -48,7 +49,7 @@ def runtime_source():
     return "\n".join(parts)
 
 
-def prologue(dtype, blas_bits=32):
+def prologue(dtype, blas_bits=32, small_mm=0):
     f32 = str(dtype) == "float32"
     real = "float" if f32 else "double"
     suf = "f" if f32 else ""
@@ -62,6 +63,7 @@ def prologue(dtype, blas_bits=32):
         "#define TG_FN static __attribute__((unused))",
         f"#define TG_FIRST {FIRST}",
         f"typedef {'long long' if blas_bits == 64 else 'int'} tg_bint;   /* the BLAS integer */",
+        f"#define TG_MM_SMALL {int(small_mm)}L   /* products of at most this many multiply-adds skip BLAS */",
         "typedef void (*tg_gemm_t)(char *, char *, tg_bint *, tg_bint *, tg_bint *, real *, real *, tg_bint *, "
         "real *, tg_bint *, real *, real *, tg_bint *);",
         "typedef real (*tg_dot_t)(tg_bint *, real *, tg_bint *, real *, tg_bint *);",
@@ -75,8 +77,9 @@ def _arr(vals):
 class Emitter:
     """Prints one program. ``buf`` maps ("v", k) / ("g", k) / ("S", j) to buffer-table indices."""
 
-    def __init__(self, prog, buf, segments_fwd, segments_bwd, blas_bits=32, target="c"):
+    def __init__(self, prog, buf, segments_fwd, segments_bwd, blas_bits=32, target="c", small_mm=0):
         self.p, self.buf, self.blas_bits, self.target = prog, buf, blas_bits, target
+        self.small_mm = small_mm
         self.d = dialect(prog.dtype, target)
         self.segf, self.segb = segments_fwd, segments_bwd
         self.helpers = []
@@ -89,7 +92,11 @@ class Emitter:
                 raise TapeError(f"{at(op.name, k)}: the native backend has no C form of this elementwise op "
                                 f"(its registry entry lacks c_fwd); use backend='numpy'")
         fwd, bwd = self.forward_body(), self.backward_body()
-        out = [prologue(p.dtype, self.blas_bits), runtime_source(), ""] + self.helpers
+        out = [prologue(p.dtype, self.blas_bits, self.small_mm)]
+        rank = max([len(sh) for sh in p.shapes] + [0])
+        if rank > 8:   # the runtime's index arrays are sized by the program's largest rank: no fixed limit
+            out.append(f"#define TG_MAXD {rank}")
+        out += [runtime_source(), ""] + self.helpers
         out += self.function("tg_forward", fwd)
         out += self.function("tg_backward", bwd)
         out += ["void tg_step(void *ctx)", "{", "    tg_opt_step((void **)ctx);", "}", "",
@@ -101,7 +108,7 @@ class Emitter:
         used = sorted({tok for line in body for tok in _ptr_names(line)}, key=_ptr_key)
         decl = [f"    {self.ctype(n)} *restrict {n} = ({self.ctype(n)} *)TG_B({self._index(n)});"
                 if self.ctype(n) != "real" else f"    real *restrict {n} = TG_B({self._index(n)});" for n in used]
-        return [f"void {name}(void *ctx)", "{", "    void **T = (void **)ctx;", "    (void)T;"] + decl + \
+        return [f"void {name}(void *ctx)", "{", "    void **T = (void **)ctx;", "    tg_cur = T;"] + decl + \
             ["    " + line for line in body] + ["}", ""]
 
     def ctype(self, name):

@@ -168,7 +168,8 @@ def max_da(n):
 
 
 def matmul_d(n):
-    """da = g @ bᵀ, db = aᵀ @ g (BLAS with the transpose flags NumPy passes)."""
+    """da = g @ bᵀ, db = aᵀ @ g (``tg_mm``: BLAS with the transpose flags NumPy passes, or the
+    small-product kernel)."""
     m, kk = n.ash
     nn = n.bsh[1]
     if n.side == "a":

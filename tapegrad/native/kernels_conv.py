@@ -2,7 +2,7 @@
 
 Each printer makes the BLAS calls of its NumPy rule in ``tapegrad.ops_conv`` (same shapes, same
 transposition flags, contiguous operands) and replaces the data movement around them by the runtime's
-``tg_im2col``/``tg_col2im``/``tg_pool`` (runtime_conv.c) and ``tg_gather`` copies. So on the BLAS
+``tg_im2col``/``tg_col2im``/``tg_pool``/``tg_swap01`` (runtime_conv.c). So on the BLAS
 NumPy itself calls, a conv replays the tape to the bit whenever NumPy takes its GEMM path (every GEMM
 dimension > 1); the registry's "blas" tier bounds the rest.
 
@@ -14,6 +14,8 @@ sum, which alone took 160 at the first layer's output size) at the benchmark CNN
 im2col + GEMM program 441. The GEMM wins 3x once channels grow and ties at one input channel, and it is
 the path that reproduces NumPy's bits, so it is the only one kept.
 """
+import math
+
 from ..errors import TapeError, at
 from ..ops_conv import geometry, pool_geometry
 from . import kernels
@@ -61,6 +63,11 @@ def _call(fn, cv, tab, args):
             f"{fn}(cv, tb, {args}); }}"]
 
 
+def _swap(dst, src, x, y, p):
+    """dst (x, y, p) = src (y, x, p) with its first two axes swapped (blocks of p contiguous elements)."""
+    return [f"tg_swap01({dst}, {src}, {x}L, {y}L, {p}L);"]
+
+
 def _mm(ta, tb, m, n, k, A, B, C):
     return f"tg_mm((tg_gemm_t)T[0], {ta}, {tb}, {m}, {n}, {k}, {A}, {B}, {C});"
 
@@ -83,17 +90,17 @@ def _regroup_g(n, geo, dst):
     """The cotangent as the GEMMs read it (``ops_conv._gfirst``): returns (lines, buffer)."""
     npn = geo.n * geo.p
     if not geo.last:
-        return n.em.gather(dst, n.G, (geo.o, geo.n, geo.p), (geo.p, geo.o * geo.p, 1)), dst
+        return _swap(dst, n.G, geo.o, geo.n, geo.p), dst
     if geo.g == 1:
         return [], n.G
-    return n.em.gather(dst, n.G, (geo.g, npn, geo.og), (geo.og, geo.o, 1)), dst
+    return _swap(dst, n.G, geo.g, npn, geo.og), dst
 
 
 def _regroup_w(n, geo, dst):
     """The HWIO kernel as (G, K·Cg, Og) (``ops_conv._wgroups``, channels last with groups)."""
     if geo.g == 1:
         return [], n.B
-    return n.em.gather(dst, n.B, (geo.g, geo.kk * geo.cg, geo.og), (geo.og, geo.o, 1)), dst
+    return _swap(dst, n.B, geo.g, geo.kk * geo.cg, geo.og), dst
 
 
 def conv_fwd(n):
@@ -106,7 +113,7 @@ def conv_fwd(n):
         for j in range(geo.g):
             lines.append(_mm(0, 0, geo.og, npn, ck, _at(n.B, j * geo.og * ck), _at("S0", j * ck * npn),
                              _at("S1", j * geo.og * npn)))
-        return lines + n.em.gather(n.V, "S1", (geo.n, geo.o, geo.p), (geo.p, npn, 1))
+        return lines + _swap(n.V, "S1", geo.n, geo.o, geo.p)
     if geo.g == 1:
         return lines + [_mm(0, 0, npn, geo.o, ck, "S0", n.B, n.V)]
     wl, w = _regroup_w(n, geo, "S1")
@@ -114,7 +121,7 @@ def conv_fwd(n):
     for j in range(geo.g):
         lines.append(_mm(0, 0, npn, geo.og, ck, _at("S0", j * npn * ck), _at(w, j * ck * geo.og),
                          _at("S2", j * npn * geo.og)))
-    return lines + n.em.gather(n.V, "S2", (npn, geo.g, geo.og), (geo.og, npn * geo.og, 1))
+    return lines + _swap(n.V, "S2", npn, geo.g, geo.og)
 
 
 def conv_d(n):
@@ -154,7 +161,7 @@ def conv_d(n):
     for j in range(geo.g):
         lines.append(_mm(1, 0, ck, geo.og, npn, _at("S1", j * npn * ck), _at(gg, j * npn * geo.og),
                          _at(y, j * ck * geo.og)))
-    return lines + n.em.gather(n.dst, y, (ck, geo.g, geo.og), (geo.og, ck * geo.og, 1)), False
+    return lines + _swap(n.dst, y, ck, geo.g, geo.og), False
 
 
 def pool_fwd(n):
@@ -172,6 +179,9 @@ def pool_da(n):
     head = f"{{ static const long cv[] = {_arr(cv)}; static const long tb[] = {_arr(tab)}; "
     if n.name == "sum_pool":
         return [head + f"tg_pool(3, cv, tb, {n.A}, {n.dst}, 0, {n.G}); }}"], False
+    if str(n.em.p.dtype) == "float32" and math.prod(n.ash) > 2 ** 24:
+        raise TapeError(f"{at(n.name, n.k)}: a float32 program keeps max pooling's argmax indices in float32, "
+                        f"exact up to 2**24 elements; got {math.prod(n.ash)}; capture in float64")
     win, st, _ = n.s
     mode = 5 if all(t >= w for w, t in zip(win, st)) else 4
     return [head + f"tg_pool(2, cv, tb, {n.A}, {n.V}, S1, 0); tg_pool({mode}, cv, tb, {n.A}, {n.dst}, S1, {n.G}); }}"], \

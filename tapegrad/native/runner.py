@@ -14,6 +14,14 @@ registration order (empty for SGD or when nothing is attached).
 ``count``, adds one, and computes Adam's bias corrections from it in C (``1 − b**count`` with the C
 library's ``pow``, as ``Adam.step_scalars`` does on the host), so a caller only ever owns the counter:
 write ``count`` there to restore a checkpoint, read it back after steps.
+
+For callers that run the functions on their own buffers (a private copy of the table whose entries
+point elsewhere, e.g. at XLA's operands): ``table_len`` (entries in ``ctx``), ``sizes`` (address of an
+int64 array parallel to the table: the byte size of each buffer entry, 0 elsewhere), and the table
+indices ``param_index`` / ``input_index`` / ``grad_index`` (-1 for a parameter backward does not
+reach: its gradient is zeros) / ``loss_index``. Entry ``[2]`` is the step scalars, ``[3]``/``[4]`` the
+optimizer configuration and parameter table (read only: their ``[w, g, gt, mu, nu]`` rows are table
+indices). The table changes only when an optimizer is attached.
 """
 import ctypes
 import math
@@ -32,11 +40,12 @@ _SYMBOLS = (("scipy_{}_64_", 64), ("{}_64_", 64), ("scipy_{}_", 32), ("{}_", 32)
 def blas_pointers(dtype):
     """(gemm address, dot address, BLAS integer bits, where from) for ``dtype``.
 
-    First choice: the OpenBLAS NumPy itself is linked against (found in this process's memory map),
-    so one process runs one BLAS thread pool and a program's GEMMs are the very kernels the tape's
-    ``np.matmul`` calls. Two OpenBLAS pools on two cores (NumPy's and SciPy's builds) were measured
-    slowing each other down 10-200x. Fallback, or with ``TAPEGRAD_BLAS=scipy``: the function pointers
-    SciPy exports for Cython (``scipy.linalg.cython_blas``).
+    First choice: the BLAS NumPy itself is linked against (threadpoolctl reports the loaded BLAS
+    libraries and their paths; NumPy's is the one shipped with NumPy), so one process runs one BLAS
+    thread pool and a program's GEMMs are the very kernels the tape's ``np.matmul`` calls. Two
+    OpenBLAS pools on two cores (NumPy's and SciPy's builds) were measured slowing each other down
+    10-200x. Fallback, or with ``TAPEGRAD_BLAS=scipy``: the function pointers SciPy exports for
+    Cython (``scipy.linalg.cython_blas``).
     """
     key = np.dtype(dtype).name
     if key not in _BLAS:
@@ -46,14 +55,53 @@ def blas_pointers(dtype):
     return _BLAS[key]
 
 
-def _numpy_blas(pre):
+# Products of at most this many multiply-adds run in the generated C's own kernel (tg_mm_small in
+# runtime.c), larger ones in BLAS. Measured on a 2-core Xeon (AVX-512) against OpenBLAS 0.3.31's Haswell
+# kernels, the ones it runs on AMD Zen and AVX2 Intel CPUs (experiments/bench_gemm.py): the C kernel is
+# 1.1-1.8x faster up to 32x32x32 and on narrow products (n = 4, 10) up to 64x10x128, at parity near
+# 64x128x64 and 0.6-0.8x beyond. OpenBLAS's SkylakeX-family kernels have their own small-matrix path
+# (~90 GFLOP/s at 32x32x16 on one core, 1.7x ours): there BLAS takes every product.
+SMALL_GEMM = 1 << 17
+_BLAS_SMALL_PATH = ("skylakex", "cooperlake", "sapphirerapids")
+
+
+def small_gemm_limit(dtype):
+    """The ``SMALL_GEMM`` threshold for the BLAS ``blas_pointers(dtype)`` found, 0 for an OpenBLAS core
+    with its own small-matrix kernels (``TAPEGRAD_SMALL_GEMM`` overrides it, for measurements)."""
+    env = os.environ.get("TAPEGRAD_SMALL_GEMM")
+    if env is not None:
+        return int(env)
+    core = blas_core(dtype)
+    return 0 if core.lower() in _BLAS_SMALL_PATH else SMALL_GEMM
+
+
+def blas_core(dtype):
+    """OpenBLAS's kernel family (e.g. "Haswell", "SkylakeX") of the BLAS a program calls, or ""."""
+    path = blas_pointers(dtype)[3]
+    if not os.path.exists(path):
+        return ""
+    lib = ctypes.CDLL(path)
+    for name in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename", "openblas_get_corename64_",
+                 "openblas_get_corename"):
+        f = getattr(lib, name, None)
+        if f is not None:
+            f.restype = ctypes.c_char_p
+            return (f() or b"").decode()
+    return ""
+
+
+def loaded_blas():
+    """Paths of the BLAS libraries loaded in this process, as threadpoolctl reports them."""
     try:
-        with open("/proc/self/maps") as f:
-            paths = sorted({line.split()[-1] for line in f if "blas" in line.rsplit("/", 1)[-1].lower()})
-    except OSError:
-        return None
-    for path in paths:
-        if not os.path.exists(path) or "numpy" not in path:
+        from threadpoolctl import threadpool_info
+    except ImportError:   # a dependency; without it the SciPy pointers still work
+        return []
+    return sorted({d["filepath"] for d in threadpool_info() if d.get("user_api") == "blas" and d.get("filepath")})
+
+
+def _numpy_blas(pre):
+    for path in loaded_blas():
+        if "numpy" not in path:
             continue
         try:
             lib = ctypes.CDLL(path)
@@ -187,7 +235,8 @@ class NativeRunner:
         self.bufs, self.index = layout(p)
         self.fwd_segs, self.bwd_segs = fuse.plan(p, bool(p.fuse), p.fuse == "libm")
         self.blas = blas_pointers(p.dtype)
-        self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2]).emit()
+        self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2],
+                                      small_mm=small_gemm_limit(p.dtype)).emit()
         self.path = build.build(self.source)
         self.lib = build.load(self.path)
         self.sc = np.zeros(8, np.float64)
@@ -195,6 +244,7 @@ class NativeRunner:
         self.pinfo = np.zeros(8 * max(len(p.params), 1), np.int64)
         self.base = len(self.bufs)       # optimizer buffers go after these; the table never moves
         self.table = np.zeros(codegen.FIRST + self.base + 5 * len(p.params), np.uint64)
+        self.sizes = np.zeros(len(self.table), np.int64)
         self._fill_table()
         self.ctx = ctypes.c_void_p(_addr(self.table))
         self.fns = {}
@@ -208,10 +258,12 @@ class NativeRunner:
         t = self.table
         t[0], t[1] = gemm, dot
         t[2], t[3], t[4] = _addr(self.sc), _addr(self.cfg), _addr(self.pinfo)
+        self.sizes[:] = 0
         if any(self.p.nodes[k][0].kind == "linalg" for k in self.p.compute):
             t[5] = _addr(lapack_pointers(self.p.dtype)[0])
         for i, a in enumerate(self.bufs):
             t[codegen.FIRST + i] = _addr(a)
+            self.sizes[codegen.FIRST + i] = a.nbytes
 
     # ── running ──────────────────────────────────────────────────────────────
 
@@ -290,4 +342,11 @@ class NativeRunner:
             "dtype": str(p.dtype),
             "opt_state": state,
             "step_scalars": _addr(self.sc),
+            "table_len": len(self.table),
+            "sizes": _addr(self.sizes),
+            "param_index": [codegen.FIRST + self.index[("v", k)] for k in p.params],
+            "input_index": [codegen.FIRST + self.index[("v", k)] for k in p.consts],
+            "grad_index": [codegen.FIRST + self.index[("g", k)] if ("g", k) in self.index else -1
+                           for k in p.params],
+            "loss_index": codegen.FIRST + self.index[("v", p.loss_id)],
         }

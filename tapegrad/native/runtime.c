@@ -9,7 +9,9 @@
 #include <math.h>
 #include <string.h>
 
+#ifndef TG_MAXD   /* the largest rank in the program (codegen defines it when a program exceeds 8) */
 #define TG_MAXD 8
+#endif
 
 /* NumPy's pairwise summation (DOUBLE_pairwise_sum / FLOAT_pairwise_sum), contiguous input. */
 TG_FN real tg_pairwise(const real *a, long n)
@@ -174,19 +176,210 @@ TG_FN void tg_fill(real *p, long n, real v)
         p[i] = v;
 }
 
-/* row-major C[m,n] = op(A) @ op(B) through a Fortran BLAS gemm (ta/tb: the operand is stored transposed). */
-TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real *A, const real *B, real *C)
+/* Small products in C: C[m,n] = op(A) @ op(B) row-major without a BLAS call. A 4 x 2-vector block of
+ * C stays in registers across k (GNU C vector types of 32 bytes, which the compiler maps onto whatever
+ * the CPU has: one AVX register, two SSE registers, ...). Every element is one chain over k in order
+ * from 0 of `acc + a * b`, which this one function lets the compiler contract into a fused multiply-add
+ * where the CPU has one (everything else is built with -ffp-contract=off). That is the accumulation
+ * OpenBLAS's Haswell/Zen double-precision kernels perform within one K block (bit-identical products
+ * measured), and in every case one fixed order: the result does not depend on alignment, blocking or
+ * the thread that runs it, and stays within the "blas" tier's bound of any BLAS. A transposed B (tb) is
+ * first copied into a [k, n] panel. */
+#if defined(__clang__)
+#define TG_CONTRACT_FN
+#define TG_CONTRACT _Pragma("clang fp contract(fast)")
+#else
+#define TG_CONTRACT_FN __attribute__((optimize("fp-contract=fast")))
+#define TG_CONTRACT
+#endif
+#define TG_MM_PANEL 16384   /* largest k·n of a transposed B this path copies (128 KiB of doubles) */
+#define TG_VW ((int)(32 / sizeof(real)))
+typedef real tg_vr __attribute__((vector_size(32)));
+typedef real tg_vh __attribute__((vector_size(16)));
+
+static inline tg_vr tg_vload(const real *p)
+{
+    tg_vr v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void tg_vstore(real *p, tg_vr v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+static inline tg_vh tg_hload(const real *p)
+{
+    tg_vh v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void tg_hstore(real *p, tg_vh v)
+{
+    memcpy(p, &v, sizeof v);
+}
+
+TG_CONTRACT_FN TG_FN void tg_mm_block(long i0, long j0, int rows, int cols, long k, long sa, long sp,
+                                      const real *A, const real *B, long n, real *C)
+{
+    TG_CONTRACT
+    const real *a = A + i0 * sa;
+    if (rows == 4 && cols == 2 * TG_VW) {
+        tg_vr c00 = {0}, c01 = {0}, c10 = {0}, c11 = {0}, c20 = {0}, c21 = {0}, c30 = {0}, c31 = {0};
+        for (long p = 0; p < k; p++) {
+            const real *b = B + p * n + j0;
+            const tg_vr b0 = tg_vload(b), b1 = tg_vload(b + TG_VW);
+            const real a0 = a[p * sp], a1 = a[sa + p * sp], a2 = a[2 * sa + p * sp], a3 = a[3 * sa + p * sp];
+            c00 = c00 + a0 * b0;
+            c01 = c01 + a0 * b1;
+            c10 = c10 + a1 * b0;
+            c11 = c11 + a1 * b1;
+            c20 = c20 + a2 * b0;
+            c21 = c21 + a2 * b1;
+            c30 = c30 + a3 * b0;
+            c31 = c31 + a3 * b1;
+        }
+        real *o = C + i0 * n + j0;
+        tg_vstore(o, c00);
+        tg_vstore(o + TG_VW, c01);
+        tg_vstore(o + n, c10);
+        tg_vstore(o + n + TG_VW, c11);
+        tg_vstore(o + 2 * n, c20);
+        tg_vstore(o + 2 * n + TG_VW, c21);
+        tg_vstore(o + 3 * n, c30);
+        tg_vstore(o + 3 * n + TG_VW, c31);
+        return;
+    }
+    if (rows == 4 && cols == TG_VW) {
+        tg_vr c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
+        for (long p = 0; p < k; p++) {
+            const tg_vr b0 = tg_vload(B + p * n + j0);
+            c0 = c0 + a[p * sp] * b0;
+            c1 = c1 + a[sa + p * sp] * b0;
+            c2 = c2 + a[2 * sa + p * sp] * b0;
+            c3 = c3 + a[3 * sa + p * sp] * b0;
+        }
+        real *o = C + i0 * n + j0;
+        tg_vstore(o, c0);
+        tg_vstore(o + n, c1);
+        tg_vstore(o + 2 * n, c2);
+        tg_vstore(o + 3 * n, c3);
+        return;
+    }
+    if (rows == 4 && cols == TG_VW / 2) {
+        tg_vh c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};
+        for (long p = 0; p < k; p++) {
+            const tg_vh b0 = tg_hload(B + p * n + j0);
+            c0 = c0 + a[p * sp] * b0;
+            c1 = c1 + a[sa + p * sp] * b0;
+            c2 = c2 + a[2 * sa + p * sp] * b0;
+            c3 = c3 + a[3 * sa + p * sp] * b0;
+        }
+        real *o = C + i0 * n + j0;
+        tg_hstore(o, c0);
+        tg_hstore(o + n, c1);
+        tg_hstore(o + 2 * n, c2);
+        tg_hstore(o + 3 * n, c3);
+        return;
+    }
+    real acc[4][2 * TG_VW];   /* an edge block: the same chains, p outermost so they overlap */
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            acc[r][c] = R(0.0);
+    for (long p = 0; p < k; p++) {
+        const real *b = B + p * n + j0;
+        for (int r = 0; r < rows; r++) {
+            const real ar = a[r * sa + p * sp];
+            for (int c = 0; c < cols; c++)
+                acc[r][c] = acc[r][c] + ar * b[c];
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            C[(i0 + r) * n + j0 + c] = acc[r][c];
+}
+
+TG_FN void tg_mm_small(int ta, int tb, long m, long n, long k, const real *A, const real *B, real *C)
+{
+    real panel[tb ? k * n : 1];
+    if (tb) {
+        for (long p = 0; p < k; p++)
+            for (long j = 0; j < n; j++)
+                panel[p * n + j] = B[j * k + p];
+        B = panel;
+    }
+    long sa = ta ? 1 : k, sp = ta ? m : 1;   /* op(A)[i, p] = A[i * sa + p * sp] */
+    for (long i = 0; i < m; i += 4) {
+        int rows = m - i < 4 ? (int)(m - i) : 4;
+        for (long j = 0; j < n;) {   /* two-vector blocks, then one vector, a half, the scalar rest */
+            int cols = n - j >= 2 * TG_VW ? 2 * TG_VW : n - j >= TG_VW ? TG_VW : n - j >= TG_VW / 2 ? TG_VW / 2
+                       : (int)(n - j);
+            tg_mm_block(i, j, rows, cols, k, sa, sp, A, B, n, C);
+            j += cols;
+        }
+    }
+}
+
+/* A caller that runs a program on a thread pool (the XLA handler) puts a tg_team at T[6]: products of
+ * at least min_mnk multiply-adds are then split by rows into `parts` independent BLAS calls that
+ * `run` executes on the pool (each C element is computed by one call, in BLAS's own order). */
+typedef struct tg_team {
+    void (*run)(struct tg_team *self, int parts, void (*fn)(void *, int), void *arg);
+    long min_mnk;
+    int parts;
+} tg_team;
+
+static _Thread_local void **tg_cur;   /* the table of the running entry point (set on entry) */
+
+typedef struct {
+    tg_gemm_t gemm;
+    int ta, tb, m, n, k, parts;
+    const real *A, *B;
+    real *C;
+} tg_mm_job;
+
+TG_FN void tg_mm_rows(tg_gemm_t gemm, int ta, int tb, int r0, int r1, int m, int n, int k, const real *A,
+                      const real *B, real *C)
 {
     char tA = ta ? 'T' : 'N', tB = tb ? 'T' : 'N';
-    tg_bint M = n, N = m, K = k, lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+    tg_bint M = n, N = r1 - r0, K = k, lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
     real one = R(1.0), zero = R(0.0);
+    gemm(&tB, &tA, &M, &N, &K, &one, (real *)B, &ldb, (real *)(ta ? A + r0 : A + (long)r0 * k), &lda, &zero,
+         C + (long)r0 * n, &ldc);
+}
+
+TG_FN void tg_mm_part(void *arg, int i)
+{
+    const tg_mm_job *j = (const tg_mm_job *)arg;
+    int r0 = (int)((long)j->m * i / j->parts), r1 = (int)((long)j->m * (i + 1) / j->parts);
+    if (r1 > r0)
+        tg_mm_rows(j->gemm, j->ta, j->tb, r0, r1, j->m, j->n, j->k, j->A, j->B, j->C);
+}
+
+/* row-major C[m,n] = op(A) @ op(B) (ta/tb: the operand is stored transposed): products of at most
+ * TG_MM_SMALL multiply-adds in C above, larger ones through the Fortran BLAS gemm (split over the
+ * caller's pool when it gave one). */
+TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real *A, const real *B, real *C)
+{
     if (m == 0 || n == 0)
         return;
     if (k == 0) {
         tg_fill(C, (long)m * n, R(0.0));
         return;
     }
-    gemm(&tB, &tA, &M, &N, &K, &one, (real *)B, &ldb, (real *)A, &lda, &zero, C, &ldc);
+    if ((long)m * n * k <= TG_MM_SMALL && (!tb || (long)k * n <= TG_MM_PANEL)) {
+        tg_mm_small(ta, tb, m, n, k, A, B, C);
+        return;
+    }
+    tg_team *pool = tg_cur ? (tg_team *)tg_cur[6] : NULL;
+    if (pool && pool->parts > 1 && (long)m * n * k >= pool->min_mnk && m >= 2 * pool->parts) {
+        tg_mm_job job = {gemm, ta, tb, m, n, k, pool->parts, A, B, C};
+        pool->run(pool, pool->parts, tg_mm_part, &job);
+        return;
+    }
+    tg_mm_rows(gemm, ta, tb, 0, m, m, n, k, A, B, C);
 }
 
 /* softmax / logsoftmax over the middle axis of (outer, n, inner); r: scratch of outer·inner. */

@@ -41,6 +41,18 @@ TG_FN tg_cgeo tg_cgeo_of(const long *cv)
     return q;
 }
 
+/* dst (x, y, p) = src (y, x, p): the layout changes around the convolution GEMMs (contiguous blocks of p) */
+TG_FN void tg_swap01(real *restrict dst, const real *restrict src, long x, long y, long p)
+{
+    for (long i = 0; i < x; i++)
+        for (long j = 0; j < y; j++) {
+            real *restrict d = dst + (i * y + j) * p;
+            const real *restrict s = src + (j * x + i) * p;
+            for (long k = 0; k < p; k++)
+                d[k] = s[k];
+        }
+}
+
 /* kernel position kk as per-dim indices kd[] (row-major) */
 TG_FN void tg_kdecode(const tg_cgeo *q, long kk, long *kd)
 {

@@ -7,6 +7,7 @@ typedef double real;
 #define TG_FN static __attribute__((unused))
 #define TG_FIRST 8
 typedef int tg_bint;   /* the BLAS integer */
+#define TG_MM_SMALL 0L   /* products of at most this many multiply-adds skip BLAS */
 typedef void (*tg_gemm_t)(char *, char *, tg_bint *, tg_bint *, tg_bint *, real *, real *, tg_bint *, real *, tg_bint *, real *, real *, tg_bint *);
 typedef real (*tg_dot_t)(tg_bint *, real *, tg_bint *, real *, tg_bint *);
 
@@ -43,7 +44,7 @@ static void tg_b8(real *restrict v5, real *restrict v7, real *restrict g4, real 
 void tg_forward(void *ctx)
 {
     void **T = (void **)ctx;
-    (void)T;
+    tg_cur = T;
     real *restrict v0 = TG_B(0);
     real *restrict v1 = TG_B(1);
     real *restrict v2 = TG_B(2);
@@ -63,7 +64,7 @@ void tg_forward(void *ctx)
 void tg_backward(void *ctx)
 {
     void **T = (void **)ctx;
-    (void)T;
+    tg_cur = T;
     real *restrict v2 = TG_B(2);
     real *restrict v5 = TG_B(5);
     real *restrict v7 = TG_B(7);

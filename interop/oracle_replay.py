@@ -1,0 +1,656 @@
+"""The oracle's replay: a jaxpr flattened into steps, JAX's value of every step from one compiled call,
+and the walk that records the differentiable steps on a tapegrad tape.
+
+A ``Plan`` flattens a jaxpr: every call-like equation (one that carries a jaxpr taking and giving
+exactly its operands' and results' types: ``jit``, ``remat2``, ``closed_call``, ``custom_jvp_call``,
+``custom_vjp_call``, …) is inlined by its primal body, so each value of the computation gets one slot.
+Its evaluator, compiled once, returns JAX's values of the slots the replay reads (``Plan.needed``;
+every slot when a divergence must be located). ``Replay`` then walks the steps:
+a step none of whose operands depends on the differentiated arguments is not replayed — its result
+is JAX's value, entering the tape as a constant when a later step needs it (random keys, integer
+arithmetic and masks never go through NumPy or the tape) — and every other step is recorded by its
+rule (``oracle_rules``). ``scan``/``while`` are unrolled with their concrete trip counts and ``cond``
+replays the branch JAX took; their bodies' values come from one compiled call per loop.
+"""
+import re
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+import tapegrad as tg
+
+from ._jax import jax, jnp
+import jax.extend.core as _core  # noqa: E402
+
+CONTROL = ("scan", "while", "cond")
+NOT_CALLS = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min",
+                       "scatter-max", "scatter_min", "scatter_max", "reduce", "reduce_window", "sort",
+                       "custom_linear_solve", "select_and_scatter", "select_and_gather_add", "argsort"})
+Literal = _core.Literal
+
+
+class NotReplayable(Exception):
+    """Raised by a rule for a form of its primitive the tape cannot replay (the message says which)."""
+
+
+_KIND = {}   # dtype -> "key", or NumPy's kind letter (asking JAX about a dtype costs ~50 µs)
+
+
+def _kind(dtype):
+    k = _KIND.get(dtype)
+    if k is None:
+        k = _KIND[dtype] = "key" if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else np.dtype(dtype).kind
+    return k
+
+
+def is_key(aval):
+    return _kind(aval.dtype) == "key"
+
+
+def is_float(aval):
+    return _kind(aval.dtype) == "f"
+
+
+# JAX's side is compiled once per function and run a few times on small inputs, so it is compiled
+# for compile time: LLVM's cheapest pipeline and XLA's older CPU fusion emitters cut a transformer
+# block's compile about 3× here (4–5 s → 1.1–1.4 s under load); the HLO passes (fusion, algebraic
+# simplification) still run, so values agree with a default jit to rounding.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+                "xla_cpu_use_fusion_emitters": False}
+
+
+def compiled(fn):
+    return jax.jit(fn, compiler_options=FAST_COMPILE)
+
+
+def is_data(aval):
+    """Integers, booleans and keys: never differentiable (their results are JAX's values)."""
+    return _kind(aval.dtype) in ("key", "b", "i", "u")
+
+
+def open_jaxpr(j):
+    """(jaxpr, consts) of a Jaxpr or ClosedJaxpr."""
+    return (j.jaxpr, list(j.consts)) if hasattr(j, "consts") else (j, [])
+
+
+def _same_types(vs, avals):
+    return len(vs) == len(avals) and all(
+        tuple(v.aval.shape) == tuple(a.shape) and v.aval.dtype == a.dtype for v, a in zip(vs, avals))
+
+
+def call_body(eqn):
+    """The body of a call-like equation, (jaxpr, consts), or None.
+
+    Call-like: not a loop or branch, and exactly one jaxpr among its parameters whose inputs are the
+    equation's last operands and whose outputs are its results, type for type. No primitive names.
+    """
+    name = eqn.primitive.name
+    if name in CONTROL or name in NOT_CALLS:
+        return None
+    found = []
+    for val in eqn.params.values():
+        for v in (val if isinstance(val, tuple) else (val,)):
+            if isinstance(v, (_core.Jaxpr, _core.ClosedJaxpr)):
+                found.append(v)
+    if len(found) != 1:
+        return None
+    body, consts = open_jaxpr(found[0])
+    n = len(body.invars)
+    if n > len(eqn.invars) or not _same_types(body.invars, [v.aval for v in eqn.invars[len(eqn.invars) - n:]]):
+        return None
+    if not _same_types(body.outvars, [v.aval for v in eqn.outvars]):
+        return None
+    return body, consts
+
+
+class Step(NamedTuple):
+    eqn: object
+    ins: tuple     # slot ints or Literals
+    outs: tuple    # slot ints
+
+
+class Unit(NamedTuple):
+    """An equation as the user's jaxpr has it: steps ``[start, end)`` of the flat list; calls have children."""
+    start: int
+    end: int
+    eqn: object
+    ins: tuple
+    outs: tuple    # slot ints or Literals (a call may return a constant or an operand)
+    children: Optional[list]
+
+
+def bind(eqn, args):
+    out = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(eqn.params))
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+class Plan:
+    """A jaxpr flattened into ``steps`` over numbered slots, with a compiled evaluator of every slot.
+
+    ``Plan.of(jaxpr)`` caches one plan per jaxpr object (the cache keeps the jaxpr alive, so an id is
+    never reused while its entry exists).
+    """
+    _CACHE = {}
+
+    @classmethod
+    def of(cls, j):
+        hit = cls._CACHE.get(id(j))
+        if hit is None or hit[0] is not j:
+            if len(cls._CACHE) > 512:
+                cls._CACHE.clear()
+            hit = cls._CACHE[id(j)] = (j, cls(j))
+        return hit[1]
+
+    def __init__(self, j):
+        jx, consts = open_jaxpr(j)
+        self.n = 0
+        self.steps = []
+        self.const_slots, self.const_vals = [], []
+        self.in_slots = [self._new() for _ in jx.invars]
+        self.in_avals = [v.aval for v in jx.invars]
+        self.units = []
+        self.out_slots = self._flatten(jx, consts, self.in_slots, self.units)
+        self._fn = None
+        self._eval_cache = {}
+
+    def _new(self):
+        self.n += 1
+        return self.n - 1
+
+    def _flatten(self, jx, consts, ins, units):
+        env = {}
+        for v, c in zip(jx.constvars, consts):
+            s = self._new()
+            self.const_slots.append(s)
+            self.const_vals.append(c)
+            env[v] = s
+        env.update(zip(jx.invars, ins))
+
+        def read(x):
+            return x if isinstance(x, Literal) else env[x]
+
+        for eqn in jx.eqns:
+            xs = tuple(read(x) for x in eqn.invars)
+            body = call_body(eqn)
+            if body is not None:
+                bj, bconsts = body
+                start, children = len(self.steps), []
+                outs = self._flatten(bj, bconsts, xs[len(xs) - len(bj.invars):], children)
+                units.append(Unit(start, len(self.steps), eqn, xs, tuple(outs), children))
+            else:
+                outs = tuple(self._new() for _ in eqn.outvars)
+                units.append(Unit(len(self.steps), len(self.steps) + 1, eqn, xs, outs, None))
+                self.steps.append(Step(eqn, xs, outs))
+            env.update(zip(eqn.outvars, outs))
+        return [read(x) for x in jx.outvars]
+
+    # ── JAX's values ─────────────────────────────────────────────────────────
+
+    def evaluate(self, consts, ins, keep=None):
+        """Slot values (traceable: runs inside ``jax.jit``), and the index maps of gathers/scatters.
+
+        ``keep``: (slots, steps) to return the values and index maps of (None: all of them, as a list).
+        """
+        from .oracle_rules import INDEX_MAPS
+        vals = [None] * self.n
+        for s, c in zip(self.const_slots, consts):
+            vals[s] = c
+        for s, v in zip(self.in_slots, ins):
+            vals[s] = v
+        aux = {}
+        for k, st in enumerate(self.steps):
+            args = [x.val if isinstance(x, Literal) else vals[x] for x in st.ins]
+            for s, o in zip(st.outs, bind(st.eqn, args)):
+                vals[s] = o
+            maps = INDEX_MAPS.get(st.eqn.primitive.name)
+            if maps is not None and is_float(st.eqn.outvars[0].aval) and (keep is None or k in keep[1]):
+                aux[k] = maps(st.eqn, args)
+        if keep is None:
+            return vals, aux
+        return {s: vals[s] for s in keep[0]}, aux
+
+    def needed(self, tainted_ins):
+        """What the replay needs of JAX's values when the inputs ``tainted_ins`` are differentiated.
+
+        Taint is propagated statically (as the replay does); the replay reads JAX's values only of
+        untainted operands of tainted steps, of every operand and result of loops, branches and the
+        rules that read results (``VALUE_RULES``), and the index maps of tainted gathers/scatters.
+        Returns ``(slots, steps)`` for ``evaluate(keep=…)``.
+        """
+        from .oracle_rules import CONSTANT, PER_OPERAND, VALUE_RULES
+        tainted = set(tainted_ins)
+        slots, steps = set(self.out_slots) - {s for s in self.out_slots if isinstance(s, Literal)}, set()
+        for k, st in enumerate(self.steps):
+            name = st.eqn.primitive.name
+            ins = [s for s in st.ins if not isinstance(s, Literal)]
+            if not any(s in tainted for s in ins):
+                continue
+            if name in CONSTANT or all(is_data(v.aval) for v in st.eqn.outvars):
+                continue
+            steps.add(k)
+            slots.update(s for s in ins if s not in tainted)
+            if name in CONTROL or name in VALUE_RULES:
+                slots.update(ins)
+                slots.update(st.outs)
+            for i, (s, v) in enumerate(zip(st.outs, st.eqn.outvars)):
+                if name in PER_OPERAND and not (isinstance(st.ins[i], int) and st.ins[i] in tainted):
+                    slots.add(s)
+                elif is_float(v.aval):
+                    tainted.add(s)
+        return sorted(slots), steps
+
+    def out_value(self, vals, s):
+        return jnp.asarray(s.val, s.aval.dtype) if isinstance(s, Literal) else vals[s]
+
+    def values(self, ins):
+        """``JEnv`` of JAX's values of every slot for inputs ``ins`` (one compiled call)."""
+        if self._fn is None:
+            self._fn = compiled(self.evaluate)
+        vals, aux = self._fn(self.const_vals, list(ins))
+        return JEnv(vals, aux)
+
+    def scan_values(self, key, consts, init, xs, length, reverse, nconst):
+        """JAX's values of every body slot at every iteration of a scan over this body (one compiled call)."""
+        fn = self._eval_cache.get(key)
+        if fn is None:
+            nk = len(init)
+            stack = [s for s in range(self.n) if s not in set(self.const_slots) | set(self.in_slots[:nconst])]
+
+            def run(bconsts, consts, init, xs):
+                def body(carry, x):
+                    vals, aux = self.evaluate(bconsts, list(consts) + list(carry) + list(x or ()))
+                    new = [self.out_value(vals, s) for s in self.out_slots[:nk]]
+                    new = [jnp.asarray(a, c.dtype) for a, c in zip(new, carry)]
+                    return new, ([vals[s] for s in stack], aux)
+                _, (stacked, aux) = jax.lax.scan(body, list(init), list(xs) if xs else None, length=length,
+                                                 reverse=reverse)
+                return stacked, aux
+            fn = self._eval_cache[key] = (compiled(run), stack)
+        run, stack = fn
+        stacked, aux = run(self.const_vals, list(consts), list(init), list(xs))
+        return Stacked(self, dict(zip(stack, stacked)), list(consts), nconst, aux)
+
+
+class JEnv:
+    """JAX's values of a plan's slots: ``np(s)`` as NumPy (converted once), ``jax(s)`` as given.
+
+    ``vals``: a list over all slots, or a dict of some; ``full()`` gives the complete ``JEnv`` when a
+    slot outside the dict is asked for (computed once, on demand).
+    """
+
+    def __init__(self, vals, aux, full=None):
+        self.vals, self.aux, self.full = vals, aux, full
+        self._np = {}
+
+    def jax(self, s):
+        if isinstance(s, Literal):
+            return s.val
+        if isinstance(self.vals, dict) and s not in self.vals:
+            return self.full().jax(s)
+        return self.vals[s]
+
+    def np(self, s):
+        if isinstance(s, Literal):
+            return np.asarray(s.val)
+        a = self._np.get(s)
+        if a is None:
+            a = self._np[s] = np.asarray(self.jax(s))
+        return a
+
+    def aux_of(self, k):
+        if k not in self.aux:
+            return self.full().aux_of(k)
+        return np.asarray(self.aux[k])
+
+
+class Stacked:
+    """A loop body's slot values at every iteration; ``at(t)`` is iteration ``t``'s ``JEnv``."""
+
+    def __init__(self, plan, stacked, consts, nconst, aux):
+        self.plan, self.stacked, self.aux = plan, stacked, aux
+        self.fixed = dict(zip(plan.const_slots, plan.const_vals))
+        self.fixed.update(zip(plan.in_slots[:nconst], consts))
+        self._np = {}
+
+    def np_all(self, s):
+        a = self._np.get(s)
+        if a is None:
+            a = self._np[s] = np.asarray(self.stacked[s])
+        return a
+
+    def at(self, t):
+        return _IterEnv(self, t)
+
+
+class _IterEnv(JEnv):
+    def __init__(self, st, t):
+        self.st, self.t = st, t
+        self._np = {}
+
+    def jax(self, s):
+        if isinstance(s, Literal):
+            return s.val
+        if s in self.st.fixed:
+            return self.st.fixed[s]
+        a = self.st.stacked[s]
+        return a[self.t] if is_key(jax.typeof(a)) else jnp.asarray(self.st.np_all(s)[self.t])
+
+    def np(self, s):
+        if isinstance(s, Literal):
+            return np.asarray(s.val)
+        if s in self.st.fixed:
+            return np.asarray(self.st.fixed[s])
+        return self.st.np_all(s)[self.t]
+
+    def aux_of(self, k):
+        return np.asarray(self.st.aux[k])[self.t]
+
+
+def summary(eqn):
+    """One line for an equation; a call shows its name instead of its body."""
+    lines = str(eqn).strip().splitlines()
+    if len(lines) == 1:
+        return lines[0]
+    name = re.search(r"\bname=(\S+)", str(eqn))
+    return f"{lines[0]}name={name.group(1) if name else '?'}{lines[-1].strip()}"
+
+
+def diff(t, j, scale=0.0):
+    """(max |t − j|, that over max(max |j|, scale)); a non-finite value on one side only is infinitely far."""
+    t, j = np.asarray(t, np.float64), np.asarray(j, np.float64)
+    if t.shape != j.shape:
+        return np.inf, np.inf
+    if not t.size:
+        return 0.0, 0.0
+    same = (t == j) | (np.isnan(t) & np.isnan(j))
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.where(same, 0.0, np.abs(t - j))
+    d = np.where(np.isnan(d), np.inf, d)
+    a = float(d.max())
+    scale = max(float(np.abs(np.where(np.isfinite(j), j, 0.0)).max()), scale)
+    return a, (a / scale if scale else (0.0 if a == 0 else np.inf))
+
+
+def lowp_bound(eps, rtol):
+    """The bound used where a value went through a lower precision: √eps of that precision (≥ rtol)."""
+    return max(rtol, float(np.sqrt(eps)))
+
+
+class Replay:
+    """Records the differentiable steps of plans on ``tape``, comparing each with JAX's value as it goes."""
+
+    def __init__(self, tape, rtol, compare=True):
+        self.tape, self.rtol, self.compare = tape, rtol, compare
+        self.index = 0              # steps replayed so far (loop iterations count each time)
+        self.divergence = None      # (index, eqn, where, max_abs, max_rel) of the first value divergence
+        self.lowp = None            # (dtype, eqn summary, index, where) of the first low-precision step
+        self.kinks = []             # (index, eqn summary, where, what)
+        self.where = []             # the loop/branch path being replayed
+        self.tainted = set()        # top-level step indices that were replayed
+        self._st = None             # (JEnv, step) being replayed (for rules: jout, aux)
+        self._k = None
+        self.top_k = 0              # the top-level step being replayed (what reports call "equation k")
+        self.unsupported = {}       # primitive -> missing tapegrad functions (None: no rule at all)
+
+    # ── helpers for rules ─────────────────────────────────────────────────────
+
+    def var(self, x):
+        """A Var for a step operand: Vars pass through, values become constants (data stays data)."""
+        if isinstance(x, tg.Var):
+            return x
+        x = np.asarray(x)
+        if x.dtype.kind in "fc":
+            return self.tape.const(np.asarray(x, dtype=self.tape.dtype))
+        return self.tape.const(x)
+
+    def value(self, x):
+        return np.asarray(self.tape.value(x)) if isinstance(x, tg.Var) else np.asarray(x)
+
+    def jout(self, i=0):
+        """JAX's value of the current step's result ``i`` (NumPy)."""
+        plan_env, st = self._st
+        return plan_env.np(st.outs[i])
+
+    def aux(self):
+        env, st, k = self._st[0], self._st[1], self._k
+        return env.aux_of(k)
+
+    def kink(self, count, what):
+        if count:
+            self.kinks.append((self.top_k, summary(self._st[1].eqn), self.path(), f"{int(count)} {what}"))
+
+    def _operand_scale(self, st, jenv):
+        """The largest finite float operand of a step: forward errors are relative to it (a − b cancels)."""
+        m = 0.0
+        for s, v in zip(st.ins, st.eqn.invars):
+            if is_float(v.aval) and np.size(jenv.np(s)) and v.aval.ndim <= 8:
+                a = np.abs(jenv.np(s))
+                m = max(m, float(np.where(np.isfinite(a), a, 0.0).max()))
+        return m
+
+    def path(self):
+        return " › ".join(self.where)
+
+    # ── the walk ──────────────────────────────────────────────────────────────
+
+    def run(self, plan, tenv, jenv, lo=0, hi=None, prec=None, top=False):
+        """Replay steps ``[lo, hi)`` of ``plan``; ``tenv`` maps slots to Vars (updated in place).
+
+        Returns the plan's outputs as Vars, or None where JAX's value is the output (not differentiable).
+        """
+        prec = {} if prec is None else prec
+        steps = plan.steps
+        hi = len(steps) if hi is None else hi
+        from .oracle_rules import CONSTANT, CONTROL_RULES, RULES, missing
+        for k in range(lo, hi):
+            st = steps[k]
+            xs = [None if isinstance(s, Literal) else tenv.get(s) for s in st.ins]
+            if not any(x is not None for x in xs):
+                continue
+            eqn = st.eqn
+            name = eqn.primitive.name
+            if name in CONSTANT or all(is_data(v.aval) for v in eqn.outvars):
+                continue
+            if top:
+                self.tainted.add(k)
+                self.top_k = k
+            index = self.top_k
+            self.index += 1
+            self._st, self._k = (jenv, st), k
+            if name in CONTROL_RULES:
+                self.where.append(f"{name} (step {index})")
+                outs = CONTROL_RULES[name](self, st, xs, jenv)
+                self.where.pop()
+            elif name not in RULES or missing(name):
+                self.unsupported.setdefault(name, missing(name) if name in RULES else None)
+                outs = [None] * len(eqn.outvars)
+            else:
+                args = [x if x is not None else (None if is_key(v.aval) else jenv.np(s))
+                        for x, s, v in zip(xs, st.ins, eqn.invars)]
+                try:
+                    outs = RULES[name](self, args, eqn)
+                    outs = list(outs) if eqn.primitive.multiple_results else [outs]
+                except NotReplayable as e:
+                    self.unsupported.setdefault(name, str(e))
+                    outs = [None] * len(eqn.outvars)
+            eps = max([prec.get(s, 0.0) for s in st.ins if not isinstance(s, Literal) and s in tenv] + [0.0])
+            for s, o, v in zip(st.outs, outs, eqn.outvars):
+                if not isinstance(o, tg.Var):
+                    continue
+                tenv[s] = o
+                e = max(eps, _eps(v.aval))
+                if e:
+                    prec[s] = e
+                    if self.lowp is None and _eps(v.aval):
+                        self.lowp = (np.dtype(v.aval.dtype), summary(eqn), index, self.path())
+                if self.compare and self.divergence is None:
+                    bound = lowp_bound(e, self.rtol) if e else self.rtol
+                    a, rel = diff(self.tape.value(o), jenv.np(s), self._operand_scale(st, jenv))
+                    if rel > bound:
+                        self.divergence = (index, summary(eqn), self.path(), a, rel)
+        return [None if isinstance(s, Literal) else tenv.get(s) for s in plan.out_slots]
+
+
+def _eps(aval):
+    if not is_float(aval):
+        return 0.0
+    e = float(jnp.finfo(aval.dtype).eps)
+    return e if e > 1e-15 else 0.0
+
+
+# ── control flow ─────────────────────────────────────────────────────────────
+
+_LOOP_FNS = {}
+
+
+def row(r, x, t):
+    """Row ``t`` of a Var along axis 0, the axis dropped."""
+    s = tuple([(t, t + 1)] + [(0, n) for n in x.shape[1:]])
+    v = r.tape.apply(tg.ops.slice, x, None, s)
+    return r.tape.apply(tg.ops.reshape, v, None, tuple(x.shape[1:]))
+
+
+def stack_rows(r, rows):
+    """Rows (Vars) stacked along a new axis 0."""
+    if hasattr(tg, "stack"):
+        return tg.stack(rows, axis=0)
+    parts = [r.tape.apply(tg.ops.reshape, v, None, (1,) + tuple(v.shape)) for v in rows]
+    return tg.concat(parts, axis=0)
+
+
+def _unroll(r, body, jvals, order, consts, carry, xs_rows, nk):
+    """Replay ``body`` once per iteration ``t`` in ``order``; returns the final carry and ys per iteration."""
+    ys = {}
+    for t in order:
+        env = jvals.at(t)
+        ins = list(consts) + list(carry) + [row(r, x, t) if x is not None else None for x in xs_rows]
+        tenv = {s: v for s, v in zip(body.in_slots, ins) if v is not None}
+        r.where.append(f"iteration {t}")
+        outs = r.run(body, tenv, env)
+        r.where.pop()
+        carry = outs[:nk]
+        ys[t] = (outs[nk:], env)
+    return carry, ys
+
+
+def _sig(jin):
+    return tuple((tuple(jax.typeof(a).shape), str(jax.typeof(a).dtype)) for a in jin)
+
+
+def scan_env(eqn, jin):
+    """(body plan, per-iteration values, iteration order) of a ``scan`` at JAX's operands ``jin``."""
+    p = eqn.params
+    nc, nk, n, rev = p["num_consts"], p["num_carry"], p["length"], p["reverse"]
+    body = Plan.of(p["jaxpr"])
+    jvals = body.scan_values(("scan", n, rev, nc, _sig(jin)), jin[:nc], jin[nc:nc + nk], jin[nc + nk:], n, rev, nc)
+    return body, jvals, (range(n - 1, -1, -1) if rev else range(n))
+
+
+def while_env(eqn, jin):
+    """(body plan, per-iteration values, trip count) of a ``while`` at JAX's operands ``jin``."""
+    p = eqn.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cplan, body = Plan.of(p["cond_jaxpr"]), Plan.of(p["body_jaxpr"])
+    sig = _sig(jin)
+    count = _LOOP_FNS.get(("count", id(eqn), sig))
+    if count is None or count[0] is not eqn:
+        def trips(cc_consts, bc_consts, cconsts, bconsts, init):
+            def cond(c):
+                vals, _ = cplan.evaluate(cc_consts, list(cconsts) + list(c[0]))
+                return cplan.out_value(vals, cplan.out_slots[0])
+
+            def step(c):
+                vals, _ = body.evaluate(bc_consts, list(bconsts) + list(c[0]))
+                new = [jnp.asarray(body.out_value(vals, s), a.dtype) for s, a in zip(body.out_slots, c[0])]
+                return new, c[1] + 1
+            return jax.lax.while_loop(cond, step, (list(init), jnp.int64(0)))[1]
+        count = _LOOP_FNS[("count", id(eqn), sig)] = (eqn, compiled(trips))
+    n = int(count[1](cplan.const_vals, body.const_vals, jin[:cn], jin[cn:cn + bn], jin[cn + bn:]))
+    jvals = body.scan_values(("while", n, sig), jin[cn:cn + bn], jin[cn + bn:], [], n, False, bn)
+    return body, jvals, n
+
+
+def cond_env(eqn, jin):
+    """(branch index, branch plan, its values) of the branch JAX takes."""
+    branches = eqn.params["branches"]
+    k = int(np.clip(int(np.asarray(jin[0])), 0, len(branches) - 1))
+    plan = Plan.of(branches[k])
+    return k, plan, plan.values(jin[1:])
+
+
+def loop_envs(eqn, jin):
+    """``(label, plan, values)`` for each iteration or the branch taken, in execution order."""
+    name = eqn.primitive.name
+    if name == "scan":
+        body, jvals, order = scan_env(eqn, jin)
+        return [(f"iteration {t}", body, jvals.at(t)) for t in order]
+    if name == "while":
+        body, jvals, n = while_env(eqn, jin)
+        return [(f"iteration {t}", body, jvals.at(t)) for t in range(n)]
+    k, plan, env = cond_env(eqn, jin)
+    return [(f"branch {k}", plan, env)]
+
+
+def scan_rule(r, st, xs, jenv):
+    eqn = st.eqn
+    p = eqn.params
+    nc, nk, n = p["num_consts"], p["num_carry"], p["length"]
+    body, jvals, order = scan_env(eqn, [jenv.jax(s) for s in st.ins])
+    carry, ys = _unroll(r, body, jvals, order, xs[:nc], xs[nc:nc + nk], xs[nc + nk:], nk)
+    outs = list(carry)
+    for j in range(len(eqn.outvars) - nk):
+        rows = [ys[t][0][j] for t in range(n)]
+        if not n or all(v is None for v in rows):
+            outs.append(None)
+            continue
+        rows = [v if v is not None else r.var(ys[t][1].np(body.out_slots[nk + j])) for t, v in enumerate(rows)]
+        outs.append(stack_rows(r, rows))
+    return outs
+
+
+def while_rule(r, st, xs, jenv):
+    p = st.eqn.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    body, jvals, n = while_env(st.eqn, [jenv.jax(s) for s in st.ins])
+    carry, _ = _unroll(r, body, jvals, range(n), xs[cn:cn + bn], xs[cn + bn:], [], len(xs) - cn - bn)
+    return list(carry)
+
+
+def cond_rule(r, st, xs, jenv):
+    k, plan, env = cond_env(st.eqn, [jenv.jax(s) for s in st.ins])
+    tenv = {s: v for s, v in zip(plan.in_slots, xs[1:]) if v is not None}
+    r.where.append(f"branch {k}")
+    outs = r.run(plan, tenv, env)
+    r.where.pop()
+    return outs
+
+
+def linear_solve_rule(r, st, xs, jenv):
+    """``custom_linear_solve`` as one refinement step from JAX's solution x₀: x = x₀ + solve(b − matvec(x₀)).
+
+    The residual is at rounding level, so the value is x₀; the tape differentiates the replayed
+    ``matvec`` (its constants hold A) and the replayed ``solve`` (linear in its right-hand side), which
+    gives dx = A⁻¹(db − dA·x₀): the derivative of the solution, whatever the solver.
+    """
+    eqn = st.eqn
+    p = eqn.params
+    cl, jx = p["const_lengths"], p["jaxprs"]
+    n_mv, n_vm, n_s = cl.matvec, cl.vecmat, cl.solve
+    nc = n_mv + n_vm + n_s + cl.transpose_solve
+    x0 = [jenv.np(s) for s in st.outs]
+    mv = Plan.of(jx.matvec)
+    mv_env = mv.values([jenv.jax(s) for s in st.ins[:n_mv]] + [jenv.jax(s) for s in st.outs])
+    tenv = {s: v for s, v in zip(mv.in_slots, list(xs[:n_mv])) if v is not None}
+    ax = r.run(mv, tenv, mv_env)
+    resid, jres = [], []
+    for b, sb, a, sa in zip(xs[nc:], st.ins[nc:], ax, mv.out_slots):
+        bv = b if b is not None else r.var(jenv.np(sb))
+        av = a if a is not None else r.var(mv_env.np(sa))
+        resid.append(bv - av)
+        jres.append(jnp.asarray(jenv.np(sb) - mv_env.np(sa)))
+    sv = Plan.of(jx.solve)
+    s_ins = list(range(n_mv + n_vm, n_mv + n_vm + n_s))
+    s_env = sv.values([jenv.jax(st.ins[k]) for k in s_ins] + jres)
+    tenv = {s: v for s, v in zip(sv.in_slots, [xs[k] for k in s_ins] + resid) if v is not None}
+    dx = r.run(sv, tenv, s_env)
+    return [r.var(x) + d if d is not None else None for x, d in zip(x0, dx)]

@@ -1,0 +1,645 @@
+"""The oracle's primitive table: how each JAX primitive is recorded on a tapegrad tape.
+
+A rule ``(r, xs, eqn) -> Var`` (a list for multi-result primitives) gets the step's operands as Vars
+(values that depend on the differentiated arguments) or NumPy arrays (JAX's values of everything
+else) and records the primitive with registry ops. ``CONSTANT`` primitives are piecewise constant:
+their results are JAX's values, entering the tape as constants. Any step whose results are all
+non-float (comparisons, integer arithmetic, random bits, keys) is likewise JAX's. Loops and branches
+are ``oracle_replay``'s; calls are inlined there before any rule is consulted.
+
+``primitive_table()`` is the README's table of what is covered, generated from this module.
+"""
+import math
+
+import numpy as np
+
+import tapegrad as tg
+from tapegrad import ops as O
+from tapegrad.errors import TapeError
+
+from ._jax import jax, jnp
+from .oracle_replay import CONTROL, NotReplayable, cond_rule, linear_solve_rule, scan_rule, while_rule
+
+
+class UnsupportedPrimitiveError(TapeError, NotImplementedError):
+    """The jaxpr uses primitives the tape cannot replay on differentiable values (named in the message)."""
+
+
+RULES = {}
+DOCS = {}      # primitive -> how it is replayed (the README table)
+NEEDS = {}     # primitive -> tapegrad functions the rule calls
+
+
+def rule(*names, doc, needs=()):
+    def register(fn):
+        for n in names:
+            RULES[n] = fn
+            DOCS[n] = doc
+            NEEDS[n] = tuple(needs)
+        return fn
+    return register
+
+
+def missing(name):
+    """The tapegrad functions a primitive's rule needs that this tapegrad lacks."""
+    return [n for n in NEEDS.get(name, ()) if not hasattr(tg, n)]
+
+
+# Piecewise-constant results (zero derivative almost everywhere): JAX's values, recorded as constants.
+CONSTANT = frozenset({"sign", "floor", "ceil", "round", "stop_gradient", "nextafter", "is_finite",
+                      "argmax", "argmin", "iota", "random_bits", "random_seed", "random_wrap", "random_unwrap",
+                      "random_fold_in", "random_split", "threefry2x32", "eq", "ne", "gt", "ge", "lt", "le",
+                      "and", "or", "not", "xor", "population_count", "shift_left", "shift_right_logical",
+                      "shift_right_arithmetic", "bitcast_convert_type"})
+
+
+# Rules that read JAX's values of their own operands or results (the replay keeps those for them),
+# and rules whose results follow their operands one by one (an untainted operand stays untainted).
+VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort", "lu", "custom_linear_solve", "pow"})
+PER_OPERAND = frozenset({"optimization_barrier", "sort"})
+
+
+# ── helpers ──────────────────────────────────────────────────────────────────
+
+def _reshape(r, v, shape):
+    shape = tuple(int(n) for n in shape)
+    return v if tuple(v.shape) == shape else r.tape.apply(O.reshape, v, None, shape)
+
+
+def _permute(r, v, perm):
+    perm = tuple(int(k) for k in perm)
+    return v if perm == tuple(range(v.ndim)) else r.tape.apply(O.transpose, v, None, perm)
+
+
+def _neg(r, v):
+    return r.tape.apply(O.neg, v)
+
+
+def _flat(r, x):
+    return _reshape(r, r.var(x), (int(np.prod(np.shape(r.value(x)) if not isinstance(x, tg.Var) else x.shape)),))
+
+
+def _out_shape(eqn, i=0):
+    return tuple(eqn.outvars[i].aval.shape)
+
+
+def _ties(a, b):
+    return int(np.sum(np.asarray(a) == np.asarray(b)))
+
+
+# ── elementwise ──────────────────────────────────────────────────────────────
+
+def _binary(fn):
+    return lambda r, xs, eqn: fn(r.var(xs[0]), r.var(xs[1]))
+
+
+rule("add", "add_any", doc="`a + b`")(_binary(lambda a, b: a + b))
+rule("sub", doc="`a − b`")(_binary(lambda a, b: a - b))
+rule("mul", doc="`a · b`")(_binary(lambda a, b: a * b))
+rule("div", doc="`a / b`")(_binary(lambda a, b: a / b))
+
+
+@rule("max", doc="`maximum` (ties share the gradient, as JAX's `max`)")
+def _max(r, xs, eqn):
+    r.kink(_ties(r.value(xs[0]), r.value(xs[1])), "ties of max (a == b)")
+    return tg.maximum(r.var(xs[0]), r.var(xs[1]))
+
+
+@rule("min", doc="`−maximum(−a, −b)`")
+def _min(r, xs, eqn):
+    r.kink(_ties(r.value(xs[0]), r.value(xs[1])), "ties of min (a == b)")
+    return _neg(r, tg.maximum(_neg(r, r.var(xs[0])), _neg(r, r.var(xs[1]))))
+
+
+def _unary(opname):
+    def f(r, xs, eqn):
+        return r.tape.apply(getattr(O, opname), r.var(xs[0]))
+    return f
+
+
+for _p, _o in (("neg", "neg"), ("exp", "exp"), ("log", "log"), ("tanh", "tanh"), ("logistic", "sigmoid"),
+               ("sqrt", "sqrt"), ("square", "square")):
+    rule(_p, doc=f"`{_o}`")(_unary(_o))
+
+
+@rule("abs", doc="`abs` (gradient 0 at 0, as JAX)")
+def _abs(r, xs, eqn):
+    r.kink(int(np.sum(r.value(xs[0]) == 0)), "abs at 0")
+    return r.tape.apply(O.abs, r.var(xs[0]))
+
+
+def _fn(name, arity=1):
+    def f(r, xs, eqn):
+        return getattr(tg, name)(*(r.var(x) for x in xs[:arity]))
+    return f
+
+
+for _p in ("log1p", "expm1", "erf", "erfc", "lgamma", "digamma", "sin", "cos", "tan", "asinh"):
+    rule(_p, doc=f"`tg.{_p}`", needs=(_p,))(_fn(_p))
+rule("atan2", doc="`tg.atan2`", needs=("atan2",))(_fn("atan2", 2))
+
+
+def _half(v):
+    return v.tape.apply(O.muls, v, None, 0.5)
+
+
+@rule("sinh", doc="`(expm1(a) − expm1(−a)) / 2`", needs=("expm1",))
+def _sinh(r, xs, eqn):
+    x = r.var(xs[0])
+    return _half(tg.expm1(x) - tg.expm1(_neg(r, x)))
+
+
+@rule("cosh", doc="`(exp(a) + exp(−a)) / 2`")
+def _cosh(r, xs, eqn):
+    x = r.var(xs[0])
+    return _half(r.tape.apply(O.exp, x) + r.tape.apply(O.exp, _neg(r, x)))
+
+
+@rule("atanh", doc="`(log1p(a) − log1p(−a)) / 2`", needs=("log1p",))
+def _atanh(r, xs, eqn):
+    x = r.var(xs[0])
+    return _half(tg.log1p(x) - tg.log1p(_neg(r, x)))
+
+
+def _sqrt_one_minus_square(r, x):
+    return r.tape.apply(O.sqrt, r.tape.apply(O.adds, _neg(r, r.tape.apply(O.square, x)), None, 1.0))
+
+
+@rule("atan", doc="`atan2(a, 1)`", needs=("atan2",))
+def _atan(r, xs, eqn):
+    x = r.var(xs[0])
+    return tg.atan2(x, r.var(np.ones(x.shape)))
+
+
+@rule("asin", doc="`atan2(a, √(1 − a²))`", needs=("atan2",))
+def _asin(r, xs, eqn):
+    x = r.var(xs[0])
+    return tg.atan2(x, _sqrt_one_minus_square(r, x))
+
+
+@rule("acos", doc="`atan2(√(1 − a²), a)`", needs=("atan2",))
+def _acos(r, xs, eqn):
+    x = r.var(xs[0])
+    return tg.atan2(_sqrt_one_minus_square(r, x), x)
+
+
+@rule("cbrt", doc="`sign(a) · |a|^(1/3)` (the sign a constant)")
+def _cbrt(r, xs, eqn):
+    x = r.var(xs[0])
+    return r.tape.apply(O.pow, r.tape.apply(O.abs, x), None, 1.0 / 3.0) * r.var(np.sign(r.value(x)))
+
+
+@rule("exp2", doc="`exp(a · ln 2)`")
+def _exp2(r, xs, eqn):
+    return r.tape.apply(O.exp, r.tape.apply(O.muls, r.var(xs[0]), None, math.log(2.0)))
+
+
+@rule("rsqrt", doc="`1 / sqrt(a)`")
+def _rsqrt(r, xs, eqn):
+    return r.tape.apply(O.rdivs, r.tape.apply(O.sqrt, r.var(xs[0])), None, 1.0)
+
+
+@rule("integer_pow", doc="`square`, `1/a` or `pow` with the constant exponent")
+def _integer_pow(r, xs, eqn):
+    x, y = r.var(xs[0]), int(eqn.params["y"])
+    if y == 1:
+        return x
+    if y == 0:
+        return r.var(np.ones(x.shape))
+    if y == 2:
+        return r.tape.apply(O.square, x)
+    if y == -1:
+        return r.tape.apply(O.rdivs, x, None, 1.0)
+    return r.tape.apply(O.pow, x, None, float(y))
+
+
+@rule("pow", doc="`pow` for a constant scalar exponent, else `sign · exp(b · log|a|)` (the sign a constant)")
+def _pow(r, xs, eqn):
+    a, b = xs
+    if not isinstance(b, tg.Var) and np.ndim(b) == 0 and isinstance(a, tg.Var):
+        return r.tape.apply(O.pow, a, None, float(b))
+    out = r.tape.apply(O.exp, r.var(b) * r.tape.apply(O.log, r.tape.apply(O.abs, r.var(a))))
+    sign = np.sign(r.jout())                   # a negative base only has a real power at integer exponents
+    return out if np.all(sign >= 0) else out * r.var(sign)
+
+
+@rule("rem", doc="`a − b · trunc(a / b)` (the quotient a constant, as JAX's rule)")
+def _rem(r, xs, eqn):
+    q = np.trunc(r.value(xs[0]) / r.value(xs[1]))
+    return r.var(xs[0]) - r.var(xs[1]) * r.var(q)
+
+
+@rule("select_n", doc="`tg.where` per case (the untaken branch gets an exact zero)", needs=("where",))
+def _select_n(r, xs, eqn):
+    pred, cases = np.asarray(xs[0]), xs[1:]
+    shape = _out_shape(eqn)
+    out = r.var(cases[0])
+    for k in range(1, len(cases)):
+        mask = np.broadcast_to(pred if pred.dtype == bool else pred == k, shape)
+        out = tg.where(mask, r.var(cases[k]), out)
+    return out
+
+
+@rule("clamp", doc="`tg.where` with JAX's rule: no gradient to any side at a tie", needs=("where",))
+def _clamp(r, xs, eqn):
+    lo, x, hi = xs
+    shape = _out_shape(eqn)
+    vl, vx, vh = (np.broadcast_to(r.value(v), shape) for v in (lo, x, hi))
+    r.kink(int(np.sum((vx == vl) | (vx == vh))), "clamp at a bound")
+    mid, below, above = (vx > vl) & (vx < vh), (vl > vx) & (vl < vh), vh < vx
+    tie = r.var(np.asarray(r.jout(), np.float64))
+    out = tg.where(above, _bcast(r, hi, shape), tie)
+    out = tg.where(below, _bcast(r, lo, shape), out)
+    return tg.where(mid, _bcast(r, x, shape), out)
+
+
+def _bcast(r, v, shape):
+    v = r.var(v)
+    if tuple(v.shape) == shape:
+        return v
+    v = _reshape(r, v, (1,) * (len(shape) - v.ndim) + tuple(v.shape))
+    return r.tape.apply(O.broadcast_to, v, None, shape)
+
+
+def _identity(r, xs, eqn):
+    return r.var(xs[0])
+
+
+rule("copy", "copy_p", "reduce_precision", doc="identity")(_identity)
+
+
+@rule("convert_element_type", doc="identity (the tape keeps float64; a lower precision is reported, not replayed)")
+def _convert(r, xs, eqn):
+    return r.var(xs[0])
+
+
+@rule("optimization_barrier", doc="identity on every operand")
+def _barrier(r, xs, eqn):
+    return [x if isinstance(x, tg.Var) else None for x in xs]
+
+
+# ── layout ───────────────────────────────────────────────────────────────────
+
+@rule("broadcast_in_dim", doc="`reshape` + `broadcast_to`")
+def _broadcast_in_dim(r, xs, eqn):
+    shape, dims = tuple(eqn.params["shape"]), tuple(eqn.params["broadcast_dimensions"])
+    v = r.var(xs[0])
+    mid = [1] * len(shape)
+    for k, d in enumerate(dims):
+        mid[d] = v.shape[k]
+    v = _reshape(r, v, mid)
+    return v if tuple(v.shape) == shape else r.tape.apply(O.broadcast_to, v, None, shape)
+
+
+@rule("reshape", "squeeze", "expand_dims", doc="`reshape`")
+def _reshape_rule(r, xs, eqn):
+    return _reshape(r, r.var(xs[0]), _out_shape(eqn))
+
+
+@rule("transpose", doc="`transpose`")
+def _transpose(r, xs, eqn):
+    return _permute(r, r.var(xs[0]), eqn.params["permutation"])
+
+
+@rule("slice", doc="`slice` (strided: `x[::k]`)")
+def _slice(r, xs, eqn):
+    p = eqn.params
+    strides = p.get("strides") or (1,) * len(p["start_indices"])
+    x = r.var(xs[0])
+    if all(s == 1 for s in strides):
+        s = tuple((int(lo), int(hi)) for lo, hi in zip(p["start_indices"], p["limit_indices"]))
+        return r.tape.apply(O.slice, x, None, s)
+    bounds = zip(p["start_indices"], p["limit_indices"], strides)
+    return x[tuple(slice(int(lo), int(hi), int(st)) for lo, hi, st in bounds)]
+
+
+@rule("concatenate", doc="`concat`")
+def _concatenate(r, xs, eqn):
+    return tg.concat([r.var(x) for x in xs], axis=int(eqn.params["dimension"]))
+
+
+@rule("stack", doc="`tg.stack`", needs=("stack",))
+def _stack(r, xs, eqn):
+    return tg.stack([r.var(x) for x in xs], axis=int(eqn.params["axis"]))
+
+
+@rule("split", doc="one `slice` per piece")
+def _split(r, xs, eqn):
+    x, axis = r.var(xs[0]), int(eqn.params["axis"])
+    out, lo = [], 0
+    for n in eqn.params["sizes"]:
+        s = tuple((lo, lo + int(n)) if k == axis else (0, d) for k, d in enumerate(x.shape))
+        out.append(r.tape.apply(O.slice, x, None, s))
+        lo += int(n)
+    return out
+
+
+@rule("rev", doc="`tg.flip` per axis", needs=("flip",))
+def _rev(r, xs, eqn):
+    x = r.var(xs[0])
+    for d in eqn.params["dimensions"]:
+        x = tg.flip(x, int(d))
+    return x
+
+
+def _clamped_starts(xs, shape, sizes):
+    return [int(np.clip(int(np.asarray(s)), 0, n - k)) for s, n, k in zip(xs, shape, sizes)]
+
+
+@rule("dynamic_slice", doc="`slice` at the concrete start (clamped as JAX does)")
+def _dynamic_slice(r, xs, eqn):
+    x = r.var(xs[0])
+    sizes = eqn.params["slice_sizes"]
+    st = _clamped_starts(xs[1:], x.shape, sizes)
+    return r.tape.apply(O.slice, x, None, tuple((a, a + int(k)) for a, k in zip(st, sizes)))
+
+
+def _positions(shape, lo, counts, steps=None):
+    """Flat indices, in an array of ``shape``, of the block starting at ``lo`` with ``counts`` elements per axis."""
+    steps = steps or (1,) * len(shape)
+    grids = np.meshgrid(*[a + s * np.arange(c) for a, c, s in zip(lo, counts, steps)], indexing="ij")
+    return np.ravel_multi_index([g.reshape(-1) for g in grids], shape) if shape else np.zeros(1, np.int64)
+
+
+@rule("dynamic_update_slice", doc="`tg.index_set` at the block's flat indices", needs=("index_set",))
+def _dynamic_update_slice(r, xs, eqn):
+    x, u = xs[0], xs[1]
+    shape = _out_shape(eqn)
+    ushape = np.shape(r.value(u)) if not isinstance(u, tg.Var) else u.shape
+    st = _clamped_starts(xs[2:], shape, ushape)
+    idx = _positions(shape, st, ushape)
+    return _reshape(r, tg.index_set(_flat(r, x), idx, _flat(r, u), axis=0), shape)
+
+
+@rule("pad", doc="`tg.index_set` of the operand into the padding value", needs=("index_set", "take"))
+def _pad(r, xs, eqn):
+    x, pv = xs
+    shape = _out_shape(eqn)
+    xshape = x.shape if isinstance(x, tg.Var) else np.shape(x)
+    src, dst = [], []
+    for d, (lo, hi, interior) in enumerate(eqn.params["padding_config"]):
+        pos = lo + np.arange(xshape[d]) * (interior + 1)
+        keep = (pos >= 0) & (pos < shape[d])
+        src.append(np.nonzero(keep)[0])
+        dst.append(pos[keep])
+    sg = np.meshgrid(*src, indexing="ij")
+    dg = np.meshgrid(*dst, indexing="ij")
+    si = np.ravel_multi_index([g.reshape(-1) for g in sg], xshape) if xshape else np.zeros(1, np.int64)
+    di = np.ravel_multi_index([g.reshape(-1) for g in dg], shape) if shape else np.zeros(1, np.int64)
+    base = _reshape(r, _bcast(r, pv, shape), (int(np.prod(shape)),))
+    vals = _flat(r, x)
+    if si.size != vals.shape[0]:
+        vals = tg.take(vals, si, axis=0)
+    return _reshape(r, tg.index_set(base, di, vals, axis=0), shape)
+
+
+# ── gather and scatter: index maps computed by JAX on iota, replayed as flat take / index_add ─────
+
+def _gather_map(eqn, args):
+    op, idx = args[0], args[1]
+    n = int(np.prod(op.shape))
+    iota = jnp.arange(1, n + 1, dtype=jnp.int64).reshape(op.shape)
+    params = dict(eqn.params, fill_value=0)
+    return jax.lax.gather_p.bind(iota, idx, **params)
+
+
+def _scatter_map(eqn, args):
+    op, idx, upd = args[0], args[1], args[2]
+    dn = eqn.params["dimension_numbers"]
+    gdn = jax.lax.GatherDimensionNumbers(
+        offset_dims=tuple(dn.update_window_dims), collapsed_slice_dims=tuple(dn.inserted_window_dims),
+        start_index_map=tuple(dn.scatter_dims_to_operand_dims),
+        operand_batching_dims=tuple(dn.operand_batching_dims),
+        start_indices_batching_dims=tuple(dn.scatter_indices_batching_dims))
+    sizes, pos = [], 0
+    for d in range(op.ndim):
+        if d in dn.inserted_window_dims or d in dn.operand_batching_dims:
+            sizes.append(1)
+        else:
+            sizes.append(upd.shape[dn.update_window_dims[pos]])
+            pos += 1
+    n = int(np.prod(op.shape))
+    iota = jnp.arange(1, n + 1, dtype=jnp.int64).reshape(op.shape)
+    return jax.lax.gather(iota, idx, gdn, tuple(sizes), mode=eqn.params["mode"], fill_value=0)
+
+
+INDEX_MAPS = {"gather": _gather_map, "scatter-add": _scatter_map, "scatter_add": _scatter_map,
+              "scatter": _scatter_map}
+
+
+@rule("gather", doc="`tg.take` of the flat operand at indices JAX computes by gathering an iota "
+      "(filled elements: `tg.where`)", needs=("take", "where"))
+def _gather(r, xs, eqn):
+    m = r.aux()
+    shape = _out_shape(eqn)
+    idx = np.maximum(m.reshape(-1) - 1, 0)
+    out = _reshape(r, tg.take(_flat(r, xs[0]), idx, axis=0), shape)
+    if not m.all():
+        out = tg.where(m.reshape(shape) != 0, out, r.var(np.asarray(r.jout(), np.float64)))
+    return out
+
+
+def _scatter(fn_name):
+    def f(r, xs, eqn):
+        x, u = xs[0], xs[2]
+        m = r.aux().reshape(-1)
+        keep = np.nonzero(m)[0]
+        vals = _flat(r, u)
+        if keep.size != m.size:
+            vals = tg.take(vals, keep, axis=0)
+        return _reshape(r, getattr(tg, fn_name)(_flat(r, x), m[keep] - 1, vals, axis=0), _out_shape(eqn))
+    return f
+
+
+rule("scatter-add", "scatter_add", doc="`tg.index_add` at the flat indices JAX computes on an iota",
+     needs=("index_add", "take"))(_scatter("index_add"))
+rule("scatter", doc="`tg.index_set` at the flat indices JAX computes on an iota",
+     needs=("index_set", "take"))(_scatter("index_set"))
+
+
+# ── reductions and scans ─────────────────────────────────────────────────────
+
+def _axes(eqn):
+    return tuple(sorted(int(a) for a in eqn.params["axes"]))
+
+
+@rule("reduce_sum", doc="`sum`")
+def _reduce_sum(r, xs, eqn):
+    return r.tape.apply(O.sum, r.var(xs[0]), None, (_axes(eqn), False))
+
+
+def _max_ties(v, axes, out):
+    return int(np.sum(v == np.expand_dims(out, axes))) - int(np.size(out))
+
+
+@rule("reduce_max", doc="`max` (tied maxima share the gradient, as JAX)")
+def _reduce_max(r, xs, eqn):
+    out = r.tape.apply(O.max, r.var(xs[0]), None, (_axes(eqn), False))
+    r.kink(_max_ties(r.value(xs[0]), _axes(eqn), r.value(out)), "tied maxima")
+    return out
+
+
+@rule("reduce_min", doc="`−max(−a)`")
+def _reduce_min(r, xs, eqn):
+    out = _neg(r, r.tape.apply(O.max, _neg(r, r.var(xs[0])), None, (_axes(eqn), False)))
+    r.kink(_max_ties(r.value(xs[0]), _axes(eqn), r.value(out)), "tied minima")
+    return out
+
+
+@rule("reduce_prod", doc="`tg.prod`", needs=("prod",))
+def _reduce_prod(r, xs, eqn):
+    return tg.prod(r.var(xs[0]), axis=_axes(eqn))
+
+
+def _cum(name):
+    def f(r, xs, eqn):
+        return getattr(tg, name)(r.var(xs[0]), axis=int(eqn.params["axis"]), reverse=bool(eqn.params["reverse"]))
+    return f
+
+
+for _p in ("cumsum", "cumprod", "cummax"):
+    rule(_p, doc=f"`tg.{_p}`", needs=(_p,))(_cum(_p))
+
+
+@rule("cummin", doc="`−cummax(−a)`", needs=("cummax",))
+def _cummin(r, xs, eqn):
+    return _neg(r, tg.cummax(_neg(r, r.var(xs[0])), axis=int(eqn.params["axis"]), reverse=bool(eqn.params["reverse"])))
+
+
+@rule("sort", doc="`tg.take_along_axis` by the permutation of JAX's keys (stable)", needs=("take_along_axis",))
+def _sort(r, xs, eqn):
+    dim, nk = int(eqn.params["dimension"]), int(eqn.params["num_keys"])
+    env, st = r._st
+    keys = [np.moveaxis(env.np(s), dim, -1) for s in st.ins[:nk]]
+    perm = np.lexsort(keys[::-1], axis=-1) if nk > 1 else np.argsort(keys[0], axis=-1, kind="stable")
+    srt = np.take_along_axis(keys[0], perm, -1)
+    r.kink(int(np.sum(srt[..., 1:] == srt[..., :-1])), "tied sort keys")
+    perm = np.moveaxis(perm, -1, dim)
+    return [tg.take_along_axis(x, perm, axis=dim) if isinstance(x, tg.Var) else None for x in xs]
+
+
+@rule("top_k", doc="`tg.take_along_axis` at JAX's indices", needs=("take_along_axis",))
+def _top_k(r, xs, eqn):
+    return [tg.take_along_axis(r.var(xs[0]), r.jout(1), axis=-1), None]
+
+
+# ── products ─────────────────────────────────────────────────────────────────
+
+@rule("dot_general", doc="`matmul` / `bmm` after `transpose` + `reshape`")
+def _dot_general(r, xs, eqn):
+    (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+    a, b = r.var(xs[0]), r.var(xs[1])
+    lf = [k for k in range(a.ndim) if k not in lc and k not in lb]
+    rf = [k for k in range(b.ndim) if k not in rc and k not in rb]
+    sa, sb = a.shape, b.shape
+    nb = int(np.prod([sa[k] for k in lb]))
+    m, n = int(np.prod([sa[k] for k in lf])), int(np.prod([sb[k] for k in rf]))
+    kk = int(np.prod([sa[k] for k in lc]))
+    a = _permute(r, a, list(lb) + lf + list(lc))
+    b = _permute(r, b, list(rb) + list(rc) + rf)
+    if lb:
+        out = tg.bmm(_reshape(r, a, (nb, m, kk)), _reshape(r, b, (nb, kk, n)))
+    else:
+        out = tg.matmul(_reshape(r, a, (m, kk)), _reshape(r, b, (kk, n)))
+    return _reshape(r, out, _out_shape(eqn))
+
+
+@rule("conv_general_dilated", doc="`tg.conv` in NCHW/OIHW after `transpose` by the dimension numbers",
+      needs=("conv",))
+def _conv(r, xs, eqn):
+    p = eqn.params
+    if p.get("batch_group_count", 1) != 1:
+        raise NotReplayable("batch_group_count > 1")
+    lhs, rhs, out = p["dimension_numbers"]
+    x = _permute(r, r.var(xs[0]), lhs)
+    w = _permute(r, r.var(xs[1]), rhs)
+    y = tg.conv(x, w, stride=tuple(p["window_strides"]), padding=[tuple(q) for q in p["padding"]],
+                lhs_dilation=tuple(p["lhs_dilation"]), rhs_dilation=tuple(p["rhs_dilation"]),
+                groups=int(p["feature_group_count"]), layout="NCHW" if x.ndim == 4 else ("NCW", "NCDHW")[x.ndim == 5])
+    return _permute(r, y, np.argsort(out))
+
+
+def _window(name):
+    def f(r, xs, eqn):
+        p = eqn.params
+        if any(d != 1 for d in tuple(p["base_dilation"]) + tuple(p["window_dilation"])):
+            raise NotReplayable("dilated windows")
+        return getattr(tg, name)(r.var(xs[0]), tuple(p["window_dimensions"]), tuple(p["window_strides"]),
+                                 [tuple(q) for q in p["padding"]])
+    return f
+
+
+rule("reduce_window_max", doc="`tg.max_pool` (first maximum of a window takes its gradient, as JAX)",
+     needs=("max_pool",))(_window("max_pool"))
+rule("reduce_window_sum", doc="`tg.sum_pool`", needs=("sum_pool",))(_window("sum_pool"))
+
+
+# ── linear algebra ───────────────────────────────────────────────────────────
+
+@rule("cholesky", doc="`tg.cholesky`", needs=("cholesky",))
+def _cholesky(r, xs, eqn):
+    return tg.cholesky(r.var(xs[0]))
+
+
+@rule("triangular_solve", doc="`tg.triangular_solve`", needs=("triangular_solve",))
+def _triangular_solve(r, xs, eqn):
+    p = eqn.params
+    return tg.triangular_solve(r.var(xs[0]), r.var(xs[1]), left_side=bool(p["left_side"]), lower=bool(p["lower"]),
+                               transpose_a=bool(p["transpose_a"]), unit_diagonal=bool(p["unit_diagonal"]))
+
+
+@rule("lu", doc="Doolittle elimination on the rows JAX's pivoting chose (`take`, `matmul`, `index`)",
+      needs=("take",))
+def _lu(r, xs, eqn):
+    a = r.var(xs[0])
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        raise NotReplayable(f"lu of shape {a.shape} (square 2-D only)")
+    n = a.shape[0]
+    s = tg.take(a, np.asarray(r.jout(2), np.int64), axis=0)       # the rows in pivot order: P·A = L·U
+    pieces, where = [], []
+    for k in range(n):
+        m = n - k
+        urow = r.tape.apply(O.slice, s, None, ((0, 1), (0, m)))
+        pieces.append(_reshape(r, urow, (m,)))
+        where += [k * n + j for j in range(k, n)]
+        if m == 1:
+            break
+        pivot = _reshape(r, r.tape.apply(O.slice, s, None, ((0, 1), (0, 1))), ())
+        lcol = r.tape.apply(O.slice, s, None, ((1, m), (0, 1))) / pivot
+        pieces.append(_reshape(r, lcol, (m - 1,)))
+        where += [i * n + k for i in range(k + 1, n)]
+        rest = r.tape.apply(O.slice, s, None, ((1, m), (1, m)))
+        s = rest - tg.matmul(lcol, r.tape.apply(O.slice, urow, None, ((0, 1), (1, m))))
+    flat = tg.concat(pieces, axis=0)
+    order = np.empty(n * n, np.int64)
+    order[np.asarray(where)] = np.arange(n * n)
+    return [_reshape(r, tg.take(flat, order, axis=0), (n, n)), None, None]
+
+
+# ── control flow and solves (oracle_replay) ──────────────────────────────────
+
+CONTROL_RULES = {"scan": scan_rule, "while": while_rule, "cond": cond_rule, "custom_linear_solve": linear_solve_rule}
+DOCS.update({"scan": "unrolled: the body replayed once per iteration (`reverse` honoured; ys stacked)",
+             "while": "unrolled with the trip count JAX's own loop takes (`fori_loop`, `while_loop`)",
+             "cond": "the branch JAX takes (`cond`, `switch`)",
+             "custom_linear_solve": "`x₀ + solve(b − matvec(x₀))` at JAX's solution x₀: the value is x₀ and the "
+                                    "derivative A⁻¹(db − dA·x), both jaxprs replayed"})
+assert set(CONTROL) <= set(CONTROL_RULES)
+
+
+def primitive_table():
+    """The README's table of covered primitives (a test keeps it in sync)."""
+    rows = ["| primitive | replayed on the tape as |", "|---|---|"]
+    waiting = [n for n in sorted(DOCS) if missing(n)]
+    for name in sorted(DOCS):
+        if name not in waiting:
+            rows.append(f"| `{name}` | {DOCS[name]} |")
+    rows.append("| any call carrying a jaxpr (`jit`, `remat2`/`checkpoint`, `closed_call`, `custom_jvp_call`, "
+                "`custom_vjp_call`, …) | inlined by its primal body; a custom rule is checked against it |")
+    rows.append(f"| {', '.join(f'`{n}`' for n in sorted(CONSTANT))} | piecewise constant: JAX's value, "
+                "a constant on the tape |")
+    rows.append("| anything whose results are integers, booleans or keys | JAX's value, a constant on the tape |")
+    if waiting:
+        names = ", ".join(f"`{n}`" for n in waiting)
+        rows.append(f"| {names} | not yet: the tapegrad functions they need are missing |")
+    return "\n".join(rows)

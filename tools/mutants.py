@@ -65,6 +65,7 @@ DESELECT = {
     "replay": [NO_ALLOC],
     "optim": [NO_ALLOC],
 }
+FORKSERVER = {"tape", "capture", "replay", "oracle", "program", "codegen", "ops"}
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
           24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault"}
 KILLED = {"killed", "timeout", "segfault"}
@@ -91,7 +92,10 @@ def prepare(name):
                 f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
                 f"pytest_add_cli_args = {json.dumps(args)}\n"
                 'also_copy = ["tapegrad", "interop", "tests"]\n'
-                "use_git_change_detection = false\n")
+                "use_git_change_detection = false\n"
+                # JAX (imported by tests/test_ops_index.py, test_interop*) starts threads: children forked from a
+                # process that ran JAX can deadlock, so they fork from a server that has only collected the tests.
+                f'process_isolation = "{"forkserver" if name in FORKSERVER else "fork"}"\n')
     return work
 
 

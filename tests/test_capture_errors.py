@@ -41,7 +41,7 @@ def test_capture_arguments():
 
 def test_slots_name_the_call_and_the_node():
     tape, (w, b, x, h, loss), prog = small()
-    with pytest.raises(TypeError, match=full("value: expected a Var of the captured tape, got ndarray")):
+    with pytest.raises(TypeError, match=full("value: expected a Var of the captured tape or a parameter name, got ndarray")):
         prog.value(np.ones(2))
     late = w * 2.0
     for what, call in (("grad", prog.grad), ("value", prog.value)):
@@ -118,7 +118,7 @@ def test_load_optimizer_state_validates_everything_first():
     ):
         with pytest.raises(tg.TapeError, match=full(message)):
             prog.load_optimizer_state(bad)
-    with pytest.raises(tg.ShapeError, match=full("load_optimizer_state: nu[1] must have shape (2,), got (3,)")):
+    with pytest.raises(tg.ShapeError, match=full("load_optimizer_state: nu[1] (param 'param_1' node 1) must have shape (2,), got (3,)")):
         prog.load_optimizer_state({"count": 2, "mu": before["mu"], "nu": [before["nu"][0], np.zeros(3)]})
     after = prog.optimizer_state()
     assert after["count"] == 1 and all(np.array_equal(a, c) for a, c in zip(after["mu"] + after["nu"],

@@ -29,16 +29,15 @@ def test_a_save_that_fails_midway_keeps_the_old_checkpoint(tmp_path, monkeypatch
     old = np.array(tape.value(w))
 
     tape2, w2, opt2 = trained(1)
-    real_savez = np.savez
+    real_fsync = os.fsync
 
-    def half_written(f, **arrays):
-        f.write(b"PK\x03\x04 a torn zip")        # some bytes reach the file, then the writer dies
-        raise Interrupted("disk full")
+    def dies(fd):                                # every byte was written; the flush to disk fails
+        raise Interrupted("power lost")
 
-    monkeypatch.setattr(np, "savez", half_written)
+    monkeypatch.setattr(os, "fsync", dies)
     with pytest.raises(Interrupted):
         tg.save(path, tape2, opt2)
-    monkeypatch.setattr(np, "savez", real_savez)
+    monkeypatch.setattr(os, "fsync", real_fsync)
 
     assert os.listdir(tmp_path) == ["ck.npz"]      # the temporary file is gone too
     tape3, w3, opt3 = trained(2)
@@ -50,10 +49,10 @@ def test_a_save_that_fails_midway_keeps_the_old_checkpoint(tmp_path, monkeypatch
 def test_a_failed_save_into_a_new_path_leaves_nothing(tmp_path, monkeypatch):
     tape, _, opt = trained(0)
 
-    def broken(f, **arrays):
+    def broken(fd):
         raise Interrupted("no space")
 
-    monkeypatch.setattr(np, "savez", broken)
+    monkeypatch.setattr(os, "fsync", broken)
     with pytest.raises(Interrupted):
         tg.save(str(tmp_path / "new.npz"), tape, opt)
     assert os.listdir(tmp_path) == []

@@ -34,19 +34,16 @@ EQUIVALENT = os.path.join(ROOT, "tools", "mutants_equivalent.toml")
 # tests that call the mutated function, fastest first, stopping at the first failure.
 MODULES = {
     "tape": ("tapegrad/tape.py", ["tests/test_tape.py", "tests/test_tape_errors.py", "tests/test_tape_semantics.py",
-                                  "tests/test_tape_sweep.py", "tests/test_capture_inputs.py", "tests/test_optim.py",
-                                  "tests/test_ops_index.py"]),
+                                  "tests/test_tape_sweep.py", "tests/test_capture_inputs.py", "tests/test_optim.py"]),
     "optim": ("tapegrad/optim.py", ["tests/test_optim.py", "tests/test_optim_edges.py",
                                     "tests/test_optim_continuity.py", "tests/test_capture.py"]),
     "capture": ("tapegrad/capture.py", ["tests/test_capture.py", "tests/test_capture_errors.py",
                                         "tests/test_capture_inputs.py",
-                                        "tests/test_optim_continuity.py", "tests/test_tape_sweep.py",
-                                        "tests/test_ops_index.py"]),
+                                        "tests/test_optim_continuity.py", "tests/test_tape_sweep.py"]),
     "checkpoint": ("tapegrad/checkpoint.py", ["tests/test_optim.py", "tests/test_checkpoint_atomic.py",
                                               "tests/test_checkpoint_errors.py"]),
     "replay": ("tapegrad/replay.py", ["tests/test_capture.py", "tests/test_capture_errors.py", "tests/test_tape_sweep.py",
-                                      "tests/test_optim_continuity.py", "tests/test_capture_inputs.py",
-                                      "tests/test_ops_index.py"]),
+                                      "tests/test_optim_continuity.py", "tests/test_capture_inputs.py"]),
     "ops": ("tapegrad/ops.py", ["tests/test_ops.py", "tests/test_tape.py", "tests/test_native_reductions.py"]),
     "fuse": ("tapegrad/native/fuse.py", ["tests/test_fuse.py", "tests/test_native_reductions.py"]),
     "codegen": ("tapegrad/native/codegen.py", ["tests/test_native.py", "tests/test_fuse.py", "tests/test_emit.py",
@@ -65,7 +62,7 @@ DESELECT = {
     "replay": [NO_ALLOC],
     "optim": [NO_ALLOC],
 }
-FORKSERVER = {"tape", "capture", "replay", "oracle", "program", "codegen", "ops"}
+FORKSERVER = {"oracle", "program", "codegen", "ops"}
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
           24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault"}
 KILLED = {"killed", "timeout", "segfault"}
@@ -93,7 +90,7 @@ def prepare(name):
                 f"pytest_add_cli_args = {json.dumps(args)}\n"
                 'also_copy = ["tapegrad", "interop", "tests"]\n'
                 "use_git_change_detection = false\n"
-                # JAX (imported by tests/test_ops_index.py, test_interop*) starts threads: children forked from a
+                # JAX (imported by the interop and op-family tests) starts threads: children forked from a
                 # process that ran JAX can deadlock, so they fork from a server that has only collected the tests.
                 f'process_isolation = "{"forkserver" if name in FORKSERVER else "fork"}"\n')
     return work

@@ -34,14 +34,16 @@ EQUIVALENT = os.path.join(ROOT, "tools", "mutants_equivalent.toml")
 # tests that call the mutated function, fastest first, stopping at the first failure.
 MODULES = {
     "tape": ("tapegrad/tape.py", ["tests/test_tape.py", "tests/test_tape_errors.py", "tests/test_tape_semantics.py",
-                                  "tests/test_tape_sweep.py", "tests/test_capture_inputs.py", "tests/test_optim.py"]),
+                                  "tests/test_tape_sweep.py", "tests/test_capture_inputs.py", "tests/test_optim.py",
+                                  "tests/test_bad_input_tape.py"]),
     "optim": ("tapegrad/optim.py", ["tests/test_optim.py", "tests/test_optim_edges.py",
                                     "tests/test_optim_continuity.py", "tests/test_capture.py"]),
     "capture": ("tapegrad/capture.py", ["tests/test_capture.py", "tests/test_capture_errors.py",
+                                        "tests/test_bad_input_program.py", "tests/test_names.py",
                                         "tests/test_capture_inputs.py",
                                         "tests/test_optim_continuity.py", "tests/test_tape_sweep.py"]),
     "checkpoint": ("tapegrad/checkpoint.py", ["tests/test_optim.py", "tests/test_checkpoint_atomic.py",
-                                              "tests/test_checkpoint_errors.py"]),
+                                              "tests/test_checkpoint_errors.py", "tests/test_faults_checkpoint.py"]),
     "replay": ("tapegrad/replay.py", ["tests/test_capture.py", "tests/test_capture_errors.py", "tests/test_tape_sweep.py",
                                       "tests/test_optim_continuity.py", "tests/test_capture_inputs.py"]),
     "ops": ("tapegrad/ops.py", ["tests/test_ops.py", "tests/test_tape.py", "tests/test_native_reductions.py"]),

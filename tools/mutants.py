@@ -39,7 +39,7 @@ MODULES = {
     "optim": ("tapegrad/optim.py", ["tests/test_optim.py", "tests/test_optim_edges.py",
                                     "tests/test_optim_continuity.py", "tests/test_capture.py"]),
     "capture": ("tapegrad/capture.py", ["tests/test_capture.py", "tests/test_capture_errors.py",
-                                        "tests/test_bad_input_program.py", "tests/test_names.py",
+                                        "tests/test_names.py",
                                         "tests/test_capture_inputs.py",
                                         "tests/test_optim_continuity.py", "tests/test_tape_sweep.py"]),
     "checkpoint": ("tapegrad/checkpoint.py", ["tests/test_optim.py", "tests/test_checkpoint_atomic.py",

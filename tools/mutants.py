@@ -60,7 +60,7 @@ NO_ALLOC = "tests/test_capture.py::test_numpy_episode_allocates_no_arrays_after_
 JAX_INDEX = ["tests/test_ops_index.py::" + t for t in (
     "test_strided_slices_flip_split_stack", "test_embedding_bag_classifier_with_integer_labels",
     "test_masked_causal_attention_with_minus_inf", "test_gru_unrolled_by_a_python_loop_matches_lax_scan",
-    "test_graph_convolution_with_scatter_add")]   # these run JAX (the data-input tests before them do not)
+    "test_graph_convolution_with_scatter_add", "test_cnn_with_integer_labels")]   # these run JAX (the data-input tests before them do not)
 DESELECT = {
     "tape": JAX_INDEX + ["tests/test_tape.py::test_check_finite_names_the_first_bad_node_and_its_line",
              "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients"],

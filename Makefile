@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test bench mutants clean
+.PHONY: demo test bench experiments mutants clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,9 +40,19 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(BIN)/python experiments/bench_eager.py
 	$(BENCH_ENV) $(BIN)/python experiments/bench_capture.py
 	$(BENCH_ENV) $(BIN)/python experiments/bench_models.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench_linalg.py
 	$(BENCH_ENV) $(BIN)/python experiments/bench_interop.py
 	$(BENCH_ENV) $(BIN)/python experiments/bench_gemm.py
 	$(BENCH_ENV) $(BIN)/python experiments/emit_logreg.py
 
+# The research experiments (README "Experiments"): tables and plots into experiments/out/.
+experiments: $(STAMP)
+	$(BENCH_ENV) $(BIN)/python experiments/transformer.py
+	$(BENCH_ENV) $(BIN)/python experiments/reproducibility.py
+	$(BENCH_ENV) $(BIN)/python experiments/fusion_study.py
+	$(BENCH_ENV) $(BIN)/python experiments/finetune_memory.py
+	$(BENCH_ENV) $(BIN)/python experiments/data_parallel.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench_peers.py
+
 clean:
-	rm -rf $(VENV) experiments/out/*.png
+	rm -rf $(VENV) experiments/out/*.png experiments/out/*.md

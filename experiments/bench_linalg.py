@@ -3,8 +3,10 @@
 1. Two OpenBLAS thread pools: NumPy's GEMM alternating with Cholesky from NumPy's own OpenBLAS (what
    tapegrad calls) or from SciPy's (``scipy.linalg.cython_lapack``), µs per pair, vs either alone.
 2. A Gaussian-process negative log marginal likelihood (n points, the rational kernel of
-   tests/test_ops_linalg.py) with its gradient: eager tape, NumPy replay, native program, and
-   ``jax.jit(value_and_grad)``, µs per episode, measured side by side in one run.
+   tests/test_ops_linalg.py; ½ log det K as Σ log Lᵢᵢ in every system) with its gradient: eager tape,
+   NumPy replay, native program, and ``jax.jit(value_and_grad)``, µs per episode, side by side in one
+   run. ``OPENBLAS_NUM_THREADS=1`` measures the arithmetic rather than the thread pools (on a busy
+   2-core machine threaded OpenBLAS calls above its size thresholds stall for milliseconds).
 """
 import ctypes
 import math
@@ -80,8 +82,10 @@ def gp(n):
         xv, yv = tape.const(x), tape.const(y)
         d = xv - xv.T
         K = var * (1.0 / (1.0 + (d * d) / ell)) + noise * tape.const(eye)
-        alpha = tg.triangular_solve(tg.cholesky(K), yv)
-        return 0.5 * (alpha * alpha).sum() + 0.5 * tg.logdet(K) + 0.5 * n * math.log(2.0 * math.pi)
+        L = tg.cholesky(K)
+        alpha = tg.triangular_solve(L, yv)
+        half_logdet = (L * tape.const(eye)).sum(axis=1).log().sum()     # Σ log Lᵢᵢ, as the JAX model
+        return 0.5 * (alpha * alpha).sum() + half_logdet + 0.5 * n * math.log(2.0 * math.pi)
 
     def eager():
         tape = tg.Tape(sources=False)
@@ -115,7 +119,8 @@ def gp(n):
 
 
 def main():
-    print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores\n")
+    print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}\n")
     pools()
     print("\nGP negative log marginal likelihood + gradient, µs per episode\n")
     sizes = (16, 64, 256)

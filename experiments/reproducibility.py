@@ -2,7 +2,9 @@
 
 One MLP (64-128-128-10, batch 64, Adam, float64) trained for N steps from one start on the same
 batches: on the eager tape, as a NumPy replay, as native programs fused and unfused, with BLAS on one
-thread and on two, and — as reference points — jax.jit(value_and_grad + optax.adam) run twice and
+thread and on two, inside jax.jit as one custom call per step, in ordered mode (every product and sum
+serial in index order, no FMA: ``Tape(ordered=True)``), and — as reference points —
+jax.jit(value_and_grad + optax.adam) run twice and
 PyTorch eager where it is installed. Per step, each run's largest relative parameter difference from
 the eager tape; at the end, which pairs are bit-identical. Writes experiments/out/reproducibility.png
 and reproducibility.md.
@@ -38,8 +40,8 @@ def blas_threads(n):
     return threadpool_limits(n, "blas")
 
 
-def eager_run(cfg, data):
-    tape = tg.Tape()
+def eager_run(cfg, data, ordered=False):
+    tape = tg.Tape(ordered=ordered)
     P = [tape.param(p) for p in init(cfg["sizes"])]
     opt = tg.Adam(cfg["lr"])
     for p in P:
@@ -52,8 +54,8 @@ def eager_run(cfg, data):
         yield np.concatenate([np.ravel(tape.value(p)) for p in P])
 
 
-def program_run(cfg, data, backend, fuse=True):
-    tape = tg.Tape()
+def program_run(cfg, data, backend, fuse=True, ordered=False):
+    tape = tg.Tape(ordered=ordered)
     P = [tape.param(p) for p in init(cfg["sizes"])]
     opt = tg.Adam(cfg["lr"])
     for p in P:
@@ -64,6 +66,27 @@ def program_run(cfg, data, backend, fuse=True):
     for xb, yb in data:
         prog.episode({x: xb, y: yb})
         yield np.concatenate([np.ravel(prog.value(p)) for p in P])
+
+
+def jit_episode_run(cfg, data):
+    """The native program's episode as one custom call per step inside jax.jit (flat state, donated)."""
+    import interop
+    from interop import jax, jnp
+    tape = tg.Tape()
+    P = [tape.param(p) for p in init(cfg["sizes"])]
+    opt = tg.Adam(cfg["lr"])
+    for p in P:
+        opt.add(tape, p)
+    x, y = tape.const(data[0][0]), tape.const(data[0][1])
+    prog = tg.capture(tape, tape_loss(tape, P, x, y), backend="native")
+    prog.attach(opt)
+    with jax.enable_x64(True):
+        step = jax.jit(interop.program_episode(prog, flat=True), donate_argnums=0)
+        state = interop.episode_state(prog, flat=True)
+        for xb, yb in data:
+            _, state = step(state, (jnp.asarray(xb), jnp.asarray(yb)))
+            params = interop.unflatten_state(prog, state)[0]
+            yield np.concatenate([np.ravel(np.asarray(params[n])) for n in prog.param_names])
 
 
 def jax_run(cfg, data):
@@ -115,6 +138,10 @@ def runs(cfg, data):
         "native fused": limited(2, lambda: program_run(cfg, data, "native")),
         "native unfused": limited(2, lambda: program_run(cfg, data, "native", fuse=False)),
         "native fused, BLAS 1 thread": limited(1, lambda: program_run(cfg, data, "native")),
+        "native program_episode in jax.jit": limited(1, lambda: jit_episode_run(cfg, data)),
+        "ordered: eager tape": limited(2, lambda: eager_run(cfg, data, ordered=True)),
+        "ordered: NumPy replay": limited(2, lambda: program_run(cfg, data, "numpy", ordered=True)),
+        "ordered: native fused": limited(2, lambda: program_run(cfg, data, "native", ordered=True)),
         "jax.jit + optax": lambda: list(jax_run(cfg, data)),
         "jax.jit + optax, again": lambda: list(jax_run(cfg, data)),
     }

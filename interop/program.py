@@ -344,8 +344,10 @@ def _mode(program, native):
 def program_call(program: Program, *, native: Optional[bool] = None) -> Callable[..., Any]:
     """A jittable, differentiable JAX function ``(*params, *inputs) -> loss`` running ``program``.
 
-    ``params`` are the program's parameters and ``inputs`` its constants, each in registration
-    order, with the captured shapes and the program's dtype. Under ``jax.grad`` one custom call runs
+    ``params`` are the program's parameters and ``inputs`` its float constants, each in registration
+    order, with the captured shapes and the program's dtype. Integer and bool data slots (index
+    tables, masks) are not inputs: calls use the values they hold (captured, or last given with
+    ``set_input``). Under ``jax.grad`` one custom call runs
     forward + backward and returns the loss with the parameter gradients as residuals; the backward
     rule scales them by the loss cotangent. Constants have no gradient on the tape: differentiating
     with respect to an input raises. Under ``vmap`` every operand is broadcast to the batch and the

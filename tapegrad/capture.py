@@ -44,11 +44,12 @@ if TYPE_CHECKING:
 
 Slot = Union[Var, str]   # a Var of the captured episode, or a parameter's name
 
-BACKENDS = ("numpy", "native")
+BACKENDS = ("numpy", "native", "cupy")
 
 
-def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native"] = "numpy", dtype: DTypeLike = "float64",
-            fuse: Union[bool, Literal["libm"]] = True) -> Program:
+def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native", "cupy"] = "numpy",
+            dtype: DTypeLike = "float64", fuse: Union[bool, Literal["libm"]] = True,
+            ordered: Optional[bool] = None) -> Program:
     """Freeze the tape's episode ``[0, len(tape))`` with ``loss`` as the backward seed into a Program.
 
     ``backend``: "numpy" (the reference replay, bit-identical to the tape) or "native" (generated C
@@ -56,6 +57,9 @@ def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native"] = "numpy"
     ``dtype``: the program's element type; "float32" runs in float32 while the tape stays float64 (tested
     bound: MLP losses and parameters after 5 Adam steps within 1e-5 relative of the float64 tape).
     ``fuse``: (native) fuse runs of row-local elementwise nodes into one loop (bit-identical to unfused).
+    ``ordered``: run matmul and sums in ordered mode (``tapegrad.ordered``: serial index-order sums, no
+    FMA), so every backend reproduces an ordered tape bit for bit; default: the tape's own mode.
+    "cupy" runs the program's CUDA source on an NVIDIA GPU (``tapegrad.gpu``; needs CuPy and a device).
 
     Exactness: the NumPy replay is bit-identical to the eager tape (same rules, same order). The native
     replay is bit-identical for the registry's "exact" and "order" ops (its reductions follow NumPy's
@@ -66,7 +70,8 @@ def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native"] = "numpy"
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise DTypeError(f"capture: dtype must be float64 or float32, got {dt}")
-    return Program(tape, loss, backend, dt, fuse if fuse == "libm" else bool(fuse))
+    ordered = getattr(tape, "ordered", False) if ordered is None else bool(ordered)
+    return Program(tape, loss, backend, dt, fuse if fuse == "libm" else bool(fuse), ordered)
 
 
 class _Opt:
@@ -111,7 +116,7 @@ class Program:
     overwrites. A program owns one set of buffers: run it from one thread at a time.
     """
 
-    def __init__(self, tape, loss, backend, dtype, fuse):
+    def __init__(self, tape, loss, backend, dtype, fuse, ordered=False):
         self.loss_id = tape._index(loss, "capture", "loss")
         shapes = [nd.shape for nd in tape._nodes]  # known even where the tape holds no value
         if math.prod(shapes[self.loss_id]) != 1:
@@ -120,7 +125,13 @@ class Program:
         self.backend, self.dtype, self.fuse = backend, dtype, fuse
         self._tape = weakref.ref(tape)
         n = len(tape)
-        self.nodes = [(nd.op, nd.a, nd.b, nd.s) for nd in tape._nodes]
+        self.ordered = ordered
+        if ordered:
+            from .ordered import order_of
+            self.nodes = [(order_of(nd.op), nd.a, nd.b, nd.s) for nd in tape._nodes]
+        else:
+            from .ordered import DEFAULT
+            self.nodes = [(DEFAULT.get(nd.op, nd.op), nd.a, nd.b, nd.s) for nd in tape._nodes]
         self.third = [nd.c for nd in tape._nodes]   # the data input of 3-input ops (where, scatters), else -1
         self.epochs = [nd.epoch for nd in tape._nodes]
         self.shapes = shapes
@@ -170,6 +181,9 @@ class Program:
         if backend == "numpy":
             from .replay import NumpyRunner
             self.runner = NumpyRunner(self)
+        elif backend == "cupy":
+            from .gpu.runner import CupyRunner
+            self.runner = CupyRunner(self)
         else:
             from .native.runner import NativeRunner
             self.runner = NativeRunner(self)
@@ -262,6 +276,8 @@ class Program:
     def _put(self, i, value):
         np.copyto(self.val[i], value, casting="unsafe")
         self.missing.discard(i)
+        if self.backend == "cupy":
+            self.runner.input_changed(i)
 
     def _checked_data(self, i, a):
         have = self.val[i]
@@ -338,21 +354,30 @@ class Program:
                 self._put(i, value)
         self._ready("episode")
         self.runner.episode()
+        if self.backend == "cupy":
+            return self.runner.loss_value()
         return float(self.val[self.loss_id].reshape(-1)[0])
 
     # ── reading ──────────────────────────────────────────────────────────────
 
     def loss(self) -> np.ndarray:
-        """The loss value of the last forward: a read-only view (one element)."""
+        """The loss value of the last forward: a read-only view (one element; a CuPy array on "cupy")."""
+        if self.backend == "cupy":
+            return self.runner.device_array(self.loss_id)
         return readonly(self.val[self.loss_id])
 
     def value(self, var: Slot) -> np.ndarray:
-        """A read-only view of a node's value in the program (``var``: a Var, or a parameter's name)."""
+        """A read-only view of a node's value in the program (``var``: a Var, or a parameter's name; a CuPy
+        array on "cupy")."""
+        if self.backend == "cupy":
+            return self.runner.device_array(self._slot(var, "value"))
         return readonly(self.val[self._slot(var, "value")])
 
     def grad(self, var: Slot) -> np.ndarray:
         """A read-only view of d loss/d var (zeros for nodes backward does not reach); ``var`` may be a name."""
         i = self._slot(var, "grad")
+        if self.backend == "cupy":
+            return self.runner.device_array(i, "g")
         g = self.grad_buf(i)
         return readonly(g)
 
@@ -370,6 +395,8 @@ class Program:
         """Write the program's parameters back into the tape (and its optimizer's state, if given)."""
         if tape is not self._tape():
             raise ForeignVarError("sync_params: not the tape this program was captured from")
+        if self.backend == "cupy":
+            self.runner.download()
         for k in self.params:   # every target checked before anything is written
             nd = tape._nodes[k] if k < len(tape) else None
             if nd is None or nd.op is not O.param or nd.epoch != self.epochs[k] or nd.shape != self.shapes[k]:

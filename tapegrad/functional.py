@@ -401,6 +401,24 @@ log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_si
                                "softplus", "log_sigmoid"))
 
 
+softplus.__doc__ = """log(1 + eᵃ), elementwise, computed as max(a, 0) + log1p(e^−|a|): finite for every finite a,
+    with gradient sigmoid(a). ``log_sigmoid(a)`` is −softplus(−a), stable the same way.
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([-1000.0, 0.0, 1000.0]))
+    >>> tape.value(tg.softplus(x)).tolist(), tape.value(tg.log_sigmoid(x)).tolist()
+    ([0.0, 0.6931471805599453, 1000.0], [-1000.0, -0.6931471805599453, 0.0])
+    """
+log1p.__doc__ = """log(1 + a), elementwise, exact for tiny a where log(1 + a) would round to 0 (``expm1`` likewise).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> float(tape.value(tg.log1p(tape.param(np.array(1e-20)))))
+    1e-20
+    """
+
+
 def atan2(a, b):
     """The angle of the point (b, a) in (−π, π], elementwise and broadcasting, as ``numpy.arctan2(a, b)``.
 
@@ -957,7 +975,7 @@ def triangular_solve(a, b, left_side=True, lower=True, transpose_a=False, unit_d
 
 
 def solve(a, b):
-    """x with a·x = b for a square ``a`` (…, n, n): LU with partial pivoting (LAPACK ``getrf`` + ``getrs``).
+    """x with a·x = b for a square ``a`` (…, n, n): LU with partial pivoting (LAPACK ``gesv``).
 
     ``b`` is (…, n, k) with a's batch axes, or a vector (n,) when ``a`` is one matrix (NumPy 2's rule).
     An exactly singular ``a`` raises ``tapegrad.DomainError`` (tape unchanged).
@@ -987,7 +1005,7 @@ def logdet(a):
     """log det of a symmetric positive definite matrix, 2·Σ log diag L with L = cholesky(a).
 
     ``a`` is (…, n, n) (read as (a + aᵀ)/2, like ``cholesky``); the result has the batch shape. The
-    gradient is g·a⁻¹ (LAPACK ``potri``). A matrix that is not positive definite raises
+    gradient is g·a⁻¹ (LAPACK ``gesv`` on the identity). A matrix that is not positive definite raises
     ``tapegrad.DomainError``; ``slogdet`` takes general matrices (LU).
 
     >>> import numpy as np, tapegrad as tg

@@ -696,9 +696,10 @@ def markdown_table():
     """The op table of the README, generated from the registry (a test keeps the README in sync)."""
     rows = ["| op | inputs | kind | exactness tier | scalar C form (forward) | what it is |",
             "|---|---|---|---|---|---|"]
+    cell = lambda text: text.replace("|", "\\|")   # noqa: E731  (a bar inside a cell would split it)
     for o in OPS.values():
-        c = f"`{o.c_fwd}`" if o.c_fwd else "—"
-        rows.append(f"| `{o.name}` | {o.arity} | {o.kind} | {o.tier} | {c} | {o.doc or ''} |")
+        c = f"`{cell(o.c_fwd)}`" if o.c_fwd else "—"
+        rows.append(f"| `{o.name}` | {o.arity} | {o.kind} | {o.tier} | {c} | {cell(o.doc or '')} |")
     return "\n".join(rows)
 
 

@@ -10,9 +10,13 @@ below call for call), so a native replay reproduces the tape bit for bit. Everyt
 Row-major matrices meet column-major LAPACK by reading each buffer as its transpose, never by copying:
 a row-major lower-triangular ``L`` is the column-major upper ``Lᵀ``, so ``potrf('U')`` on the buffer of
 a symmetric matrix leaves the row-major lower factor; a row-major ``op(A)·X = B`` is the column-major
-``Xᵀ·op(Aᵀ) = Bᵀ`` (side and triangle flip, the transpose flag stays). Only ``solve`` copies: its
-right-hand sides go through a column-major scratch (``getrs`` has no right-side form), O(n·k) against
-the O(n³) factorisation.
+``Xᵀ·op(Aᵀ) = Bᵀ`` (side and triangle flip, the transpose flag stays). The general solves copy: ``gesv``
+factors its matrix in place and has no right-side form, so the matrix (or its transpose) and the
+right-hand sides go through column-major scratch, O(n² + n·k) against the O(n³) factorisation.
+
+``gesv`` rather than ``getrf`` + ``getrs``, and no ``potri``: OpenBLAS runs ``getrs`` and ``potri`` on
+all its threads at any size, and on two busy cores a 16×16 ``potri`` took 2.6 ms to 79 ms instead of
+21 µs single-threaded; ``gesv``, ``getrf`` and ``potrf`` stay on one thread for small matrices.
 
 Matrices are the last two axes; leading axes are a batch (equal for both operands, no broadcasting),
 looped over in order.
@@ -39,7 +43,7 @@ def lapack(dtype):
 
 
 class Lapack:
-    """Row-major calls of the routines at ``ctx[5]``: potrf potri getrf getrs trsm trmm gemm.
+    """Row-major calls of the routines at ``ctx[5]``: potrf getrf gesv trsm trmm gemm.
 
     Each method takes row-major arrays (C-contiguous, last two axes the matrix) and passes LAPACK the
     column-major view of the same memory, as ``runtime_linalg.c``'s ``tg_la_*`` do.
@@ -51,18 +55,20 @@ class Lapack:
         self.int = np.dtype(np.int64 if bits == 64 else np.int32)
         self.dtype = np.dtype(dtype)
         P, C = ctypes.c_void_p, ctypes.c_char_p
-        protos = {"potrf": (C, P, P, P, P), "potri": (C, P, P, P, P), "getrf": (P, P, P, P, P, P),
-                  "getrs": (C, P, P, P, P, P, P, P, P), "trsm": (C, C, C, C, P, P, P, P, P, P, P),
+        protos = {"potrf": (C, P, P, P, P), "getrf": (P, P, P, P, P, P), "gesv": (P, P, P, P, P, P, P, P),
+                  "trsm": (C, C, C, C, P, P, P, P, P, P, P),
                   "trmm": (C, C, C, C, P, P, P, P, P, P, P), "gemm": (C, C, P, P, P, P, P, P, P, P, P, P, P)}
         self.f = {r: ctypes.CFUNCTYPE(None, *protos[r])(int(addr)) for r, addr in zip(LAPACK_ROUTINES, table)}
 
     def ints(self, *xs):
         v = np.array(xs + (0,), self.int)   # the last slot is LAPACK's info
-        return v, [v.ctypes.data + k * self.int.itemsize for k in range(len(v))]
+        base, size = v.ctypes.data, self.int.itemsize
+        return v, [base + k * size for k in range(len(v))]
 
     def scalars(self, *xs):
         v = np.array(xs, self.dtype)
-        return v, [v.ctypes.data + k * self.dtype.itemsize for k in range(len(v))]
+        base, size = v.ctypes.data, self.dtype.itemsize
+        return v, [base + k * size for k in range(len(v))]
 
     def potrf(self, w):
         """Cholesky of the symmetric matrix whose row-major lower triangle is in ``w`` (n×n), in place:
@@ -73,13 +79,6 @@ class Lapack:
         self.f["potrf"](b"U", pn, w.ctypes.data, pn, pinfo)
         return int(keep[-1])
 
-    def potri(self, w):
-        """From L (row-major lower, in ``w``) to the lower triangle of (L·Lᵀ)⁻¹, in place."""
-        n = w.shape[-1]
-        keep, (pn, pinfo) = self.ints(n)
-        self.f["potri"](b"U", pn, w.ctypes.data, pn, pinfo)
-        return int(keep[-1])
-
     def getrf(self, w, ipiv):
         """LU with partial pivoting of the column-major view of ``w`` (that is, of Aᵀ), in place."""
         n = w.shape[-1]
@@ -87,13 +86,14 @@ class Lapack:
         self.f["getrf"](pn, pn, w.ctypes.data, pn, ipiv.ctypes.data, pinfo)
         return int(keep[-1])
 
-    def getrs(self, trans, lu, ipiv, bt):
-        """Solve with the LU of Aᵀ (``getrf`` above): ``trans`` = A·X = B, else Aᵀ·X = B; ``bt`` (k×n,
-        row-major) is B column-major, overwritten with X."""
-        n, k = lu.shape[-1], bt.shape[0]
+    def gesv(self, w, ipiv, bt):
+        """Solve M·X = B in place, M the column-major view of ``w`` (n×n, row-major ``w`` holds Mᵀ, and is
+        overwritten with M's LU factors), B column-major in ``bt`` (k×n row-major), overwritten with X.
+        Returns LAPACK's info (k > 0: U[k-1, k-1] is exactly zero)."""
+        n, k = w.shape[-1], bt.shape[0]
         keep, (pn, pk, pinfo) = self.ints(n, k)
-        self.f["getrs"](b"T" if trans else b"N", pn, pk, lu.ctypes.data, pn, ipiv.ctypes.data, bt.ctypes.data,
-                        pn, pinfo)
+        self.f["gesv"](pn, pk, w.ctypes.data, pn, ipiv.ctypes.data, bt.ctypes.data, pn, pinfo)
+        return int(keep[-1])
 
     def trsm(self, left, lower, trans, unit, a, b):
         """Row-major op(A)·X = B (left) or X·op(A) = B (right), A triangular, in place on ``b`` (m×n)."""
@@ -149,7 +149,7 @@ def not_pd(info, q, nbatch):
 def singular(info, q, nbatch):
     where = f"matrix {q} of the batch" if nbatch > 1 else "the matrix"
     return Bad(f"{where} is singular: U[{info - 1}, {info - 1}] of its LU factorisation is exactly zero "
-               f"(LAPACK getrf info {info})")
+               f"(LAPACK gesv info {info})")
 
 
 def sym_lower(a, w):
@@ -209,7 +209,7 @@ def cholesky_fwd(a, b, s, out, ws):
 
 
 def cholesky_da(g, out, a, b, s, ws):
-    # Murray 2016, "Differentiation of the Cholesky decomposition" (arXiv:1602.07527), eq. 10:
+    # Murray 2016, "Differentiation of the Cholesky decomposition" (arXiv:1602.07527), its reverse-mode result:
     # Σ̄ = L⁻ᵀ Φ(Lᵀ L̄) L⁻¹, Φ = the lower triangle with the diagonal halved; the input is symmetrised
     # first, A ↦ (A + Aᵀ)/2, so Ā = (Σ̄ + Σ̄ᵀ)/2. L̄ is tril(g): the zeros above L are constants.
     la = lapack(a.dtype)
@@ -243,7 +243,8 @@ def trisolve_fwd(a, b, s, out, ws):
 
 def trisolve_db(g, out, a, b, s, ws):
     # Giles 2008, "An extended collection of matrix derivative results for forward and reverse mode
-    # algorithmic differentiation", §2.3.1: X = op(A)⁻¹B ⇒ B̄ = op(A)⁻ᵀ X̄ (on the right side:
+    # algorithmic differentiation" (Oxford NA report 08/01), the matrix inverse product:
+    # X = op(A)⁻¹B ⇒ B̄ = op(A)⁻ᵀ X̄ (on the right side:
     # X = B op(A)⁻¹ ⇒ B̄ = X̄ op(A)⁻ᵀ): the same solve with the transpose flag flipped.
     left, lower, trans, unit = s
     la = lapack(a.dtype)
@@ -256,7 +257,7 @@ def trisolve_db(g, out, a, b, s, ws):
 
 
 def trisolve_da(g, out, a, b, s, ws):
-    # Giles 2008 §2.3.1: op(A)‾ = −B̄ Xᵀ (left) or −Xᵀ B̄ (right), B̄ as in trisolve_db; transposed back
+    # Giles 2008, inverse product: op(A)‾ = −B̄ Xᵀ (left) or −Xᵀ B̄ (right), B̄ as in trisolve_db; transposed back
     # when op(A) = Aᵀ, then restricted to the triangle the solve reads (strictly, with a unit diagonal).
     left, lower, trans, unit = s
     la = lapack(a.dtype)
@@ -276,14 +277,6 @@ def trisolve_da(g, out, a, b, s, ws):
 
 # ── solve ────────────────────────────────────────────────────────────────────
 
-def lu(la, a, w, ipiv, q, nbatch):
-    """The LU of aᵀ and its pivots, into scratch ``w``, ``ipiv``; raises on an exactly singular matrix."""
-    np.copyto(w, a)
-    info = la.getrf(w, ipiv)
-    if info:
-        raise singular(info, q, nbatch)
-
-
 def lu_scratch(la, n, ws):
     return ws.take((n, n)), int_scratch(ws, n, la)
 
@@ -294,9 +287,11 @@ def solve_fwd(a, b, s, out, ws):
     bt = ws.take((B.shape[2], B.shape[1]))
     w, ipiv = lu_scratch(la, a.shape[-1], ws)
     for q in range(len(A)):
-        lu(la, A[q], w, ipiv, q, len(A))
-        np.copyto(bt, B[q].T)
-        la.getrs(True, w, ipiv, bt)      # (Aᵀ)ᵀ X = B
+        np.copyto(w, A[q].T)            # column-major A
+        np.copyto(bt, B[q].T)           # column-major B
+        info = la.gesv(w, ipiv, bt)
+        if info:
+            raise singular(info, q, len(A))
         np.copyto(X[q], bt.T)
 
 
@@ -307,14 +302,14 @@ def solve_bbar(g, a, ws):
     yt = ws.take((len(A), G.shape[2], G.shape[1]))
     w, ipiv = lu_scratch(la, a.shape[-1], ws)
     for q in range(len(A)):
-        lu(la, A[q], w, ipiv, q, len(A))
+        np.copyto(w, A[q])              # column-major Aᵀ
         np.copyto(yt[q], G[q].T)
-        la.getrs(False, w, ipiv, yt[q])  # Aᵀ Y = G
+        la.gesv(w, ipiv, yt[q])         # Aᵀ Y = G
     return yt
 
 
 def solve_db(g, out, a, b, s, ws):
-    # Giles 2008 §2.3.1: X = A⁻¹B ⇒ B̄ = A⁻ᵀ X̄
+    # Giles 2008, inverse product: X = A⁻¹B ⇒ B̄ = A⁻ᵀ X̄
     yt = solve_bbar(g, a, ws)
     t = ws.take(b.shape)
     np.copyto(batches(t), yt.transpose(0, 2, 1))
@@ -322,7 +317,7 @@ def solve_db(g, out, a, b, s, ws):
 
 
 def solve_da(g, out, a, b, s, ws):
-    # Giles 2008 §2.3.1: Ā = −B̄ Xᵀ
+    # Giles 2008, inverse product: Ā = −B̄ Xᵀ
     la = lapack(a.dtype)
     yt = solve_bbar(g, a, ws)
     c = ws.take(a.shape)
@@ -330,6 +325,15 @@ def solve_da(g, out, a, b, s, ws):
     for q in range(len(C)):
         la.gemm(True, True, -1.0, yt[q], X[q], C[q])
     return c
+
+
+def inverse(la, m, w, ipiv, c):
+    """Row-major c = m⁻ᵀ for a row-major m: gesv solves m·X = I on the column-major views (w = mᵀ
+    row-major is m column-major; X = m⁻¹ column-major is m⁻ᵀ row-major)."""
+    np.copyto(w, m.T)
+    np.copyto(c, 0.0)
+    np.copyto(c.reshape(-1)[::m.shape[0] + 1], 1.0)
+    la.gesv(w, ipiv, c)
 
 
 # ── logdet ───────────────────────────────────────────────────────────────────
@@ -353,21 +357,22 @@ def logdet_fwd(a, b, s, out, ws):
 
 
 def logdet_da(g, out, a, b, s, ws):
-    # Giles 2008 §2.2: d log det A = tr(A⁻¹ dA) ⇒ Ā = ḡ A⁻ᵀ = ḡ A⁻¹ (A symmetric), A⁻¹ by potri from the
-    # Cholesky factor.
+    # Giles 2008, determinant: d log det A = tr(A⁻¹ dA) ⇒ Ā = ḡ A⁻ᵀ; with A = (a + aᵀ)/2 symmetric, the inverse
+    # (gesv on the identity) is symmetrised exactly, so the gradient is symmetric like cholesky's.
     la = lapack(a.dtype)
     n = a.shape[-1]
     A, G = batches(a), g.reshape(-1)
     c = ws.take(a.shape)
     C = batches(c)
-    w = ws.take((n, n))
+    w, ipiv = lu_scratch(la, n, ws)
+    m = ws.take((n, n))
     for q in range(len(A)):
-        sym_lower(A[q], w)
-        la.potrf(w)
-        la.potri(w)
-        np.copyto(C[q], w.T)
-        np.copyto(C[q], w, where=~above(n))
-        np.multiply(C[q], G[q], out=C[q])
+        np.add(A[q], A[q].T, out=m)
+        np.multiply(m, 0.5, out=m)
+        inverse(la, m, w, ipiv, C[q])
+        np.add(C[q], C[q].T, out=m)
+        np.multiply(m, 0.5, out=m)
+        np.multiply(m, G[q], out=C[q])
     return c
 
 
@@ -395,8 +400,7 @@ def logabsdet_fwd(a, b, s, out, ws):
 
 
 def logabsdet_da(g, out, a, b, s, ws):
-    # Giles 2008 §2.2: d log|det A| = tr(A⁻¹ dA) ⇒ Ā = ḡ A⁻ᵀ; A⁻ᵀ by getrs from the identity (the LU
-    # is of Aᵀ, so solving A·Y = I leaves Y = A⁻¹ column-major: A⁻ᵀ row-major).
+    # Giles 2008, determinant: d log|det A| = tr(A⁻¹ dA) ⇒ Ā = ḡ A⁻ᵀ (gesv on the identity)
     la = lapack(a.dtype)
     n = a.shape[-1]
     A, G = batches(a), g.reshape(-1)
@@ -404,11 +408,7 @@ def logabsdet_da(g, out, a, b, s, ws):
     C = batches(c)
     w, ipiv = lu_scratch(la, n, ws)
     for q in range(len(A)):
-        np.copyto(w, A[q])
-        la.getrf(w, ipiv)
-        np.copyto(C[q], 0.0)
-        np.copyto(C[q].reshape(-1)[::n + 1], 1.0)
-        la.getrs(True, w, ipiv, C[q])
+        inverse(la, A[q], w, ipiv, C[q])
         np.multiply(C[q], G[q], out=C[q])
     return c
 
@@ -501,7 +501,7 @@ solve = op("solve", 2, solve_shape, fwd=solve_fwd, da=solve_da, db=solve_db,
            tier="blas", kind="linalg", domain=(general, real),
            cases=(((3, 3), (3, 2), None), ((4, 4), (4, 1), None), ((1, 1), (1, 3), None),
                   ((2, 3, 3), (2, 3, 2), None)),
-           doc="x with a·x = b, LU with partial pivoting (LAPACK getrf + getrs)")
+           doc="x with a·x = b, LU with partial pivoting (LAPACK gesv)")
 logdet = op("logdet", 1, logdet_shape, fwd=logdet_fwd, da=logdet_da,
             ref=lambda jnp, a, b, s: jnp.linalg.slogdet(0.5 * (a + jnp.swapaxes(a, -1, -2)))[1],
             tier="blas", kind="linalg", domain=(spd,),

@@ -165,6 +165,8 @@ class Tape:
     sources : record the file and line that created each node (reported by ``first_nonfinite`` and
         ``check_finite``). Finding the caller's frame costs about 0.5 µs per op; ``sources=False``
         saves it and reports the place as "?".
+    ordered : record matmul, sum and mean in ordered mode (``tapegrad.ordered``): serial index-order
+        sums without FMA, so every backend reproduces the tape bit for bit (slower: no BLAS).
 
     >>> import tapegrad as tg, numpy as np
     >>> tape = tg.Tape()
@@ -181,7 +183,7 @@ class Tape:
     _floor: Optional[int]
 
     def __init__(self, dtype: DTypeLike = np.float64, *, on_error: Literal["raise", "poison"] = "raise",
-                 check_finite: bool = False, sources: bool = True) -> None:
+                 check_finite: bool = False, sources: bool = True, ordered: bool = False) -> None:
         dtype = np.dtype(dtype)
         if dtype not in _DTYPES:
             raise DTypeError(f"Tape: dtype must be float64 or float32, got {dtype}")
@@ -191,6 +193,12 @@ class Tape:
         self.poison = on_error == "poison"
         self.check_finite = check_finite
         self.sources = sources
+        # ordered mode (tapegrad.ordered): matmul and sums record their serial, index-ordered variants
+        self.ordered = bool(ordered)
+        self._ordered = None
+        if ordered:
+            from .ordered import ORDERED
+            self._ordered = ORDERED
         self.ok = True
         self.error: Optional[TapeError] = None
         self._nodes = []      # Node per id
@@ -289,6 +297,8 @@ class Tape:
 
     def apply(self, op, a, b=None, s=None, c=None):
         """Append one registry op applied to Vars ``a`` (and ``b``, ``c``) with static operand ``s``."""
+        if self._ordered is not None:
+            op = self._ordered.get(op, op)
         if op.data or c is not None:
             return self._apply_data(op, a, b, s, c)
         nodes = self._nodes

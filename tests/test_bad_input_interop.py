@@ -119,9 +119,9 @@ def test_program_call_argument_errors_name_the_slot():
     c = tape.const(np.ones(3))
     prog = tg.capture(tape, (w * c).sum())
     f = interop.program_call(prog)
-    for args, match in [((jnp.ones(4), jnp.ones(3)), r"program_call: params\[0\] must have shape \(3,\) \(the captured shape\), got \(4,\)"),
+    for args, match in [((jnp.ones(4), jnp.ones(3)), r"program_call: params\[0\] \('param_0'\) must have shape \(3,\) \(the captured shape\), got \(4,\)"),
                         ((jnp.ones(3),), r"program_call: expected 1 inputs arrays \[\(3,\)\], got 0"),
-                        ((jnp.ones(3, jnp.float32), jnp.ones(3)), r"program_call: params\[0\] must be float64"),
+                        ((jnp.ones(3, jnp.float32), jnp.ones(3)), r"program_call: params\[0\] \('param_0'\) must be float64"),
                         ((jnp.ones(3), jnp.ones((3, 1))), r"program_call: inputs\[0\] must have shape \(3,\)")]:
         raises_cleanly(interop.ProgramError, match, lambda: f(*args), lambda: np.array(prog.val[0]))
     raises_cleanly(interop.ProgramError, r"program_episode: attach an optimizer first", lambda: interop.program_episode(prog))

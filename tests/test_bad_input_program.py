@@ -129,7 +129,7 @@ PROGRAM_CASES = [
     ("set_input shape", lambda e: e.p.set_input(e.x, np.ones((1, 3))), S,
      r"set_input \(node 2\): expected shape \(4, 3\) for const node 2, got \(1, 3\); a program is static"),
     ("set_input broadcastable", lambda e: e.p.set_input(e.b, np.array([7.0])), S,
-     r"set_input \(node 1\): expected shape \(2,\) for param node 1, got \(1,\)"),
+     r"set_input \(node 1\): expected shape \(2,\) for param 'param_1' node 1, got \(1,\)"),
     ("set_input int", lambda e: e.p.set_input(e.x, np.ones((4, 3), np.int64)), D,
      r"set_input \(node 2\): expected float64 or float32 data for const node 2 .* got int64"),
     ("set_input complex", lambda e: e.p.set_input(e.x, np.ones((4, 3), complex)), D, r"set_input \(node 2\): .*got complex128"),
@@ -139,9 +139,9 @@ PROGRAM_CASES = [
     ("set_input foreign", lambda e: e.p.set_input(tg.Tape().param(np.ones(2)), np.ones(2)), F,
      r"set_input \(node 0\): this Var is not a node of the captured episode"),
     ("set_input array key", lambda e: e.p.set_input(np.ones(2), np.ones(2)), TypeError,
-     r"set_input: expected a Var of the captured tape, got ndarray"),
+     r"set_input: expected a Var of the captured tape or a parameter name, got ndarray"),
     ("episode second input bad", lambda e: e.p.episode({e.x: np.full((4, 3), 9.0), e.b: np.ones(3)}), S,
-     r"set_input \(node 1\): expected shape \(2,\) for param node 1, got \(3,\)"),
+     r"set_input \(node 1\): expected shape \(2,\) for param 'param_1' node 1, got \(3,\)"),
     ("episode foreign input", lambda e: e.p.episode({e.late: np.ones(2)}), F,
      r"set_input \(node \d+\): this Var is not a node of the captured episode"),
     ("value after capture", lambda e: e.p.value(e.late), F, r"value \(node \d+\): this Var is not a node of the captured episode"),
@@ -151,7 +151,7 @@ PROGRAM_CASES = [
      r"load_optimizer_state: count must be a non-negative int, got -3"),
     ("load_optimizer_state shapes", lambda e: e.p.load_optimizer_state({"count": 1, "mu": [np.zeros(2), np.zeros(2)],
                                                                        "nu": [np.zeros((3, 2)), np.zeros(2)]}), S,
-     r"load_optimizer_state: mu\[0\] must have shape \(3, 2\), got \(2,\)"),
+     r"load_optimizer_state: mu\[0\] \(param 'param_0' node 0\) must have shape \(3, 2\), got \(2,\)"),
     ("load_optimizer_state missing", lambda e: e.p.load_optimizer_state({"count": 1}), T,
      r"load_optimizer_state: expected 2 'mu' arrays"),
     ("attach foreign optimizer", lambda e: e.p.attach(e.other_opt), F, r"attach: the optimizer serves another tape"),
@@ -185,7 +185,7 @@ def test_bad_program_input_raises_and_changes_nothing(prog, case):
 
 def test_capture_errors():
     tape, w, b, x, m, loss, opt = model()
-    raises_cleanly(CE, r"capture: backend must be one of \('numpy', 'native'\), got 'cuda'",
+    raises_cleanly(CE, r"capture: backend must be one of \('numpy', 'native', 'cupy'\), got 'cuda'",
                    lambda: tg.capture(tape, loss, backend="cuda"), lambda: tape_state(tape))
     raises_cleanly(D, r"capture: dtype must be float64 or float32, got int32", lambda: tg.capture(tape, loss, dtype="int32"),
                    lambda: tape_state(tape))

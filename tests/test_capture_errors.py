@@ -26,7 +26,7 @@ def small(backend="numpy", opt=None):
 
 def test_capture_arguments():
     tape, (w, b, x, h, loss), _ = small()
-    with pytest.raises(ValueError, match=full("capture: backend must be one of ('numpy', 'native'), got 'cuda'")):
+    with pytest.raises(ValueError, match=full("capture: backend must be one of ('numpy', 'native', 'cupy'), got 'cuda'")):
         tg.capture(tape, loss, backend="cuda")
     with pytest.raises(tg.DTypeError, match=full("capture: dtype must be float64 or float32, got float16")):
         tg.capture(tape, loss, dtype="float16")

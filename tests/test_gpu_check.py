@@ -38,3 +38,10 @@ def test_dry_run_compiles_ptx_without_fma_in_the_cuda_dialect(tmp_path):
     assert "fma.rn.f64" in c["f_fanout"]
     # and the host build of the same source agreed with the tape
     assert all(r["exact"] == r["n"] for r in rows if r["tier"] == "exact")
+    # the captured MLP program: the emulated ordered CUDA program == the ordered tape, fused == per-node,
+    # the cuBLAS-mode program within its bound, 6 launches per fused episode, and the device executable builds
+    report = (tmp_path / "report.md").read_text()
+    row = re.search(r"^\| tiny \| (\S+) \| (\S+) \| (\S+) \| (\d+) / (\d+) \|", report, re.M)
+    assert row and row.group(1) == "==" and row.group(2) == "==" and float(row.group(3)) < 1e-10, report[-2000:]
+    assert int(row.group(4)) <= 6 < int(row.group(5))
+    assert "nvcc built the device executable of the tiny ordered fused program: yes" in report

@@ -321,3 +321,19 @@ def test_cnn_with_integer_labels():
         logp = jax.nn.log_softmax(h.reshape(5, 100) @ w2 + b2, axis=1)
         return -jnp.mean(jnp.take_along_axis(logp, data[1], axis=1))
     check_model(on_tape, in_jax, params, (x, labels))
+
+
+def test_data_slots_are_part_of_the_program_inside_jax_jit():
+    """A fixed mask or index table stays in the program; the call's inputs are its float constants."""
+    tape = tg.Tape()
+    E = tape.param(np.arange(8.0).reshape(4, 2))
+    w = tape.const(np.ones(2))
+    loss = (tg.take(E, np.array([0, 3])) * w).sum()
+    prog = tg.capture(tape, loss, backend="native")
+    f = interop.program_call(prog)
+    with jax.enable_x64(True):
+        value, g = jax.jit(jax.value_and_grad(f))(jnp.asarray(prog.value(E)), jnp.ones(2))
+    assert float(value) == 0 + 1 + 6 + 7
+    assert np.asarray(g).tolist() == [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0]]
+    with pytest.raises(interop.ProgramError, match=r"expected 1 inputs arrays"):
+        f(jnp.asarray(prog.value(E)), jnp.ones(2), jnp.array([0, 3]))

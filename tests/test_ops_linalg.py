@@ -1,11 +1,14 @@
 """The linear-algebra ops: JAX's flag semantics, bad input, replays == the tape, a Gaussian process.
 
 The registry suites (test_ops, test_oracle_ops, test_capture, test_native) already check every case
-of cholesky / triangular_solve / solve / logdet against finite differences, jax.vjp at rtol 1e-12, and
+of cholesky / triangular_solve / solve / logdet / logabsdet / det_sign against finite differences,
+jax.vjp at rtol 1e-12 (no op needs a looser bound: the test domains are well conditioned), and
 the NumPy and native replays; here: what those cannot see.
 """
 import math
 import os
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -133,7 +136,7 @@ def test_bad_input_errors_name_the_op_and_node_and_leave_the_tape():
           "not (LAPACK potrf info 2); expected a symmetric positive definite matrix")
     fails(tape, lambda: tg.solve(singular, b21), tg.DomainError,
           "solve (node 8): the matrix is singular: U[1, 1] of its LU factorisation is exactly zero "
-          "(LAPACK getrf info 2)")
+          "(LAPACK gesv info 2)")
     fails(tape, lambda: tg.solve(sq, b21), tg.ShapeError,
           "solve (node 8): expected b of shape (…, 3, k) with a's batch dims () (a is (3, 3)), got (2, 1)")
     fails(tape, lambda: tg.triangular_solve(sq, b32, left_side=False), tg.ShapeError,
@@ -323,3 +326,24 @@ def test_gp_program_inside_jax_jit_is_the_tape():
     assert float(val) == float(tape.value(loss))
     for p, g in zip(params, grads):
         assert np.array_equal(np.asarray(g), tape.grad(p))
+
+
+def test_the_readme_gp_example_runs_and_is_right():
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"### Linear algebra\n.*?```python\n(.*?)```", readme, re.S).group(1)
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    tape, nll, x, y = scope["tape"], scope["nll"], scope["x"], scope["y"]
+
+    def closed_form(ell, var, noise):
+        K = var * np.exp(-0.5 * (x - x.T) ** 2 / ell) + noise * np.eye(20)
+        return 0.5 * (y.T @ np.linalg.solve(K, y)).item() + 0.5 * np.linalg.slogdet(K)[1] + 10 * np.log(2 * np.pi)
+    theta = [1.0, 1.0, 0.1]
+    assert abs(float(tape.value(nll)) - closed_form(*theta)) <= 1e-12 * abs(closed_form(*theta))
+    for k, name in enumerate(("ell", "var", "noise")):
+        h = 1e-6
+        up, down = list(theta), list(theta)
+        up[k] += h
+        down[k] -= h
+        fd = (closed_form(*up) - closed_form(*down)) / (2 * h)
+        assert abs(float(tape.grad(scope[name])) - fd) <= 1e-6 * max(1.0, abs(fd)), name

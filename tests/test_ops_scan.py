@@ -9,8 +9,10 @@ import operator
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 import tapegrad as tg
+from tapegrad import ops as O
 
 EPS = np.finfo(np.float64).eps
 
@@ -299,12 +301,21 @@ def test_float32_native_scan_program_equals_the_float32_tape():
     a = tape.param(rng.standard_normal((4, 5)).astype(np.float32))
     loss = (tg.cumsum(a, 1) * tg.sort(a, 0)).sum() + tg.cumprod(a, 0, reverse=True).sum() + \
         tg.cummax(a, 1).sum() + a.prod(axis=1).sum() + a.min(axis=0).sum()
-    tape.backward(loss)
+    b = tape.param(rng.standard_normal((4, 5)).astype(np.float32))
+    lse = tg.logsumexp(b, axis=1)
+    tape.backward(loss + lse.sum())
     prog = tg.capture(tape, loss, backend="native", dtype="float32")
     prog.forward()
     prog.backward()
     assert prog.loss() == tape.value(loss)
     assert np.array_equal(prog.grad(a), tape.grad(a))
+    # logsumexp calls expf/logf (libm tier): within float32 rounding
+    prog = tg.capture(tape, lse.sum(), backend="native", dtype="float32")
+    prog.forward()
+    prog.backward()
+    f32 = np.finfo(np.float32).eps
+    assert np.all(np.abs(prog.value(lse) - tape.value(lse)) <= 8 * f32 * np.maximum(1.0, np.abs(tape.value(lse))))
+    assert np.all(np.abs(prog.grad(b) - tape.grad(b)) <= 8 * f32)
 
 
 def test_sort_of_a_long_line_with_many_ties_equals_numpy_natively():
@@ -324,3 +335,71 @@ def test_sort_of_a_long_line_with_many_ties_equals_numpy_natively():
     prog.backward()
     assert np.array_equal(prog.value(y), tape.value(y), equal_nan=True)
     assert np.array_equal(prog.grad(v), tape.grad(v))
+
+
+# ── random shapes, axes and directions ───────────────────────────────────────
+
+SCANS = ("cumsum", "cumprod", "cummax", "sort")
+REDUCTIONS = ("min", "prod", "logsumexp")
+
+
+def random_call(name, rng):
+    """(function of a Var, input array) for a random shape, axis and direction (or axes and keepdims)."""
+    shape = tuple(int(n) for n in rng.integers(1, 5, rng.integers(1, 4)))
+    x = O.spread(rng, shape) if name in ("cummax", "sort", "min") else rng.uniform(0.5, 1.5, shape) * \
+        rng.choice([-1.0, 1.0], shape)
+    if name in SCANS:
+        axis = int(rng.integers(-len(shape), len(shape)))
+        if name == "sort":
+            return (lambda v: tg.sort(v, axis)), x
+        reverse = bool(rng.integers(0, 2))
+        return (lambda v: getattr(tg, name)(v, axis, reverse=reverse)), x
+    axes = tuple(int(k) for k in np.flatnonzero(rng.integers(0, 2, len(shape)))) or None
+    keep = bool(rng.integers(0, 2))
+    return (lambda v: getattr(tg, name)(v, axis=axes, keepdims=keep)), x
+
+
+@pytest.mark.parametrize("name", SCANS + REDUCTIONS)
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_random_shapes_vjp_matches_finite_differences(name, seed):
+    rng = np.random.default_rng(seed)
+    f, x = random_call(name, rng)
+    w = rng.standard_normal(np.shape(value_and_grad(f, x)[0]))
+    report = tg.gradcheck(lambda tape, v: (f(v) * tape.const(w)).sum(), x, directions=3)
+    assert report.ok, (name, x.shape, report)
+
+
+def test_random_shapes_replay_natively_bit_for_bit():
+    """Forty random scans and reductions in one program (one build): the exact-tier ones == the tape."""
+    rng = np.random.default_rng(12)
+    tape = tg.Tape()
+    loss, outs = None, []
+    for k in range(40):
+        name = (SCANS + ("min", "prod"))[k % 6]
+        f, x = random_call(name, rng)
+        v = tape.param(x)
+        y = f(v)
+        outs.append((v, y))
+        term = (y * tape.const(rng.standard_normal(y.shape))).sum()
+        loss = term if loss is None else loss + term
+    tape.backward(loss)
+    prog = tg.capture(tape, loss, backend="native")
+    prog.forward()
+    prog.backward()
+    for v, y in outs:
+        assert np.array_equal(prog.value(y), tape.value(y))
+        assert np.array_equal(prog.grad(v), tape.grad(v))
+
+
+def test_float32_sort_of_a_line_beyond_2_to_the_24_is_refused_by_name():
+    """The native argsort keeps indices as reals: a float32 program refuses lines it could not index
+    exactly (checked on the printer itself: such an array is 64 MiB)."""
+    from tapegrad.native import expr, kernels
+    n = kernels.Node(None, "sort", 3, 2, -1, 0, "v2", None, "v3", "g3", (2 ** 24 + 1,), None, (2 ** 24 + 1,),
+                     None, 2, None, False, expr.C32)
+    with pytest.raises(tg.TapeError, match=r"^sort \(node 3\): a float32 program sorts lines of at most 2\*\*24 "
+                                           r"elements \(its argsort indices are floats\); got 16777217; capture in "
+                                           r"float64$"):
+        kernels.FORWARD["sort"](n)
+    assert kernels.FORWARD["sort"](n._replace(d=expr.C64))[0].startswith("tg_sort(0, v2, v2, v3,")

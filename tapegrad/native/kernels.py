@@ -250,4 +250,4 @@ BACKWARD = {"sum": spread_da, "mean": spread_da, "max": max_da, "matmul": matmul
 SCRATCH = {}
 
 # The op families' printers register themselves here on import (one module per family, as in tapegrad.ops).
-from . import kernels_special, kernels_scan, kernels_index, kernels_conv, kernels_linalg  # noqa: E402,F401
+from . import kernels_special, kernels_scan, kernels_index, kernels_conv, kernels_linalg, kernels_ordered  # noqa: E402,F401,E501

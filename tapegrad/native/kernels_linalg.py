@@ -83,7 +83,7 @@ def logdet_fwd(n):
 
 def logdet_da(n):
     nb, _, k = dims(n)
-    return [f"tg_logdet_da(T, {n.A}, {n.G}, {n.dst}, S1, {nb}L, {k}L);"], False
+    return [f"tg_logdet_da(T, {n.A}, {n.G}, {n.dst}, S1, S2, {ipiv(1, k, k)}, {nb}L, {k}L);"], False
 
 
 def slogdet_fwd(n):
@@ -101,7 +101,7 @@ def zero_da(n):
 
 
 def solve_scratch(p, k):
-    """Elements each of S0..S2 must hold: the LU (n²), or B̄ᵀ of every matrix plus the pivots."""
+    """Elements each of S0..S2 must hold: the matrix (n²), or B̄ᵀ of every matrix plus the pivots."""
     ash, bsh = p.shapes[p.nodes[k][1]], p.shapes[p.nodes[k][2]]
     nb, n, c = math.prod(ash[:-2]), ash[-1], bsh[-1]
     return max(n * n, n * c, -(-nb * n * c // 16) * 16 + 2 * n + 16)
@@ -112,8 +112,15 @@ def pivots_scratch(p, k):
     return 2 * p.shapes[p.nodes[k][1]][-1] + 16
 
 
+def logdet_scratch(p, k):
+    """S2 holds the symmetrised matrix, then the pivots."""
+    n = p.shapes[p.nodes[k][1]][-1]
+    return -(-n * n // 16) * 16 + 2 * n + 16
+
+
 kernels.FORWARD.update({"cholesky": cholesky_fwd, "triangular_solve": trisolve_fwd, "solve": solve_fwd,
                         "logdet": logdet_fwd, "logabsdet": slogdet_fwd, "det_sign": slogdet_fwd})
 kernels.BACKWARD.update({"cholesky": cholesky_da, "triangular_solve": trisolve_d, "solve": solve_d,
                          "logdet": logdet_da, "logabsdet": logabsdet_da, "det_sign": zero_da})
-kernels.SCRATCH.update({"solve": solve_scratch, "logabsdet": pivots_scratch, "det_sign": pivots_scratch})
+kernels.SCRATCH.update({"solve": solve_scratch, "logdet": logdet_scratch, "logabsdet": pivots_scratch,
+                        "det_sign": pivots_scratch})

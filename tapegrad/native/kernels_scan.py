@@ -6,6 +6,7 @@ through ``tg_reduce`` (== as well, tier "order" like ``sum``); logsumexp calls e
 """
 import math
 
+from ..errors import TapeError, at
 from . import kernels as K
 from .kernels import _loop, axis3, bstrides, keep, red_mask, strides
 
@@ -33,13 +34,22 @@ def cummax_da(n):
     return [f"tg_cummax_da({n.A}, {n.V}, {n.G}, {n.dst}, S1, {outer}L, {m}L, {inner}L, {int(n.s[1])});"], False
 
 
-def sort_fwd(n):
+def sort_line(n):
+    """(outer, m, inner) of a sort; its argsort holds indices as reals, exact up to 2**24 in float32."""
     outer, m, inner = axis3(n.ash, n.s)
+    if n.d.real == "float" and m > 2 ** 24:
+        raise TapeError(f"{at('sort', n.k)}: a float32 program sorts lines of at most 2**24 elements (its "
+                        f"argsort indices are floats); got {m}; capture in float64")
+    return outer, m, inner
+
+
+def sort_fwd(n):
+    outer, m, inner = sort_line(n)
     return [f"tg_sort(0, {n.A}, {n.A}, {n.V}, S1, S2, {outer}L, {m}L, {inner}L);"]
 
 
 def sort_da(n):
-    outer, m, inner = axis3(n.ash, n.s)
+    outer, m, inner = sort_line(n)
     return [f"tg_sort(1, {n.A}, {n.G}, {n.dst}, S1, S2, {outer}L, {m}L, {inner}L);"], False
 
 

@@ -139,7 +139,7 @@ def _scipy_blas(pre):
 _LAPACK = {}
 # The routines the linalg ops call, in the order of the table at ctx[5] (``tapegrad.ops_linalg`` calls
 # the same addresses on the tape, so a program and the tape run the very same LAPACK code).
-LAPACK_ROUTINES = ("potrf", "potri", "getrf", "getrs", "trsm", "trmm", "gemm")
+LAPACK_ROUTINES = ("potrf", "getrf", "gesv", "trsm", "trmm", "gemm")
 
 
 def lapack_pointers(dtype):

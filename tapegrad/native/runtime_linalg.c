@@ -1,7 +1,6 @@
 /* tapegrad native runtime: kernels of the linalg family (included after runtime.c).
  *
- * T[5] is the LAPACK table (tapegrad.native.runner.lapack_pointers): potrf potri getrf getrs trsm trmm
- * gemm, from the library the BLAS comes from, so its integers are tg_bint. Each tg_la_* call passes
+ * T[5] is the LAPACK table (tapegrad.native.runner.lapack_pointers): potrf getrf gesv trsm trmm gemm, from the library the BLAS comes from, so its integers are tg_bint. Each tg_la_* call passes
  * exactly the arguments tapegrad.ops_linalg.Lapack passes on the tape: row-major buffers read as their
  * column-major transposes. On a LAPACK failure (a matrix that is not positive definite, or singular)
  * the node's value is filled with NaN: a C caller has no exception to catch, and NaN cannot be
@@ -9,11 +8,10 @@
  */
 typedef void (*tg_potrf_t)(char *, tg_bint *, real *, tg_bint *, tg_bint *);
 typedef void (*tg_getrf_t)(tg_bint *, tg_bint *, real *, tg_bint *, tg_bint *, tg_bint *);
-typedef void (*tg_getrs_t)(char *, tg_bint *, tg_bint *, real *, tg_bint *, tg_bint *, real *, tg_bint *,
-                           tg_bint *);
+typedef void (*tg_gesv_t)(tg_bint *, tg_bint *, real *, tg_bint *, tg_bint *, real *, tg_bint *, tg_bint *);
 typedef void (*tg_trsm_t)(char *, char *, char *, char *, tg_bint *, tg_bint *, real *, real *, tg_bint *,
                           real *, tg_bint *);
-enum { TG_POTRF, TG_POTRI, TG_GETRF, TG_GETRS, TG_TRSM, TG_TRMM, TG_GEMM };
+enum { TG_POTRF, TG_GETRF, TG_GESV, TG_TRSM, TG_TRMM, TG_GEMM };
 #define TG_LA(T, r) (((void **)(T)[5])[r])
 
 /* w = the lower triangle of (a + aᵀ)·½, zeros above (ops_linalg.sym_lower). */
@@ -24,11 +22,11 @@ TG_FN void tg_la_symlower(const real *a, real *w, long n)
             w[i * n + j] = j <= i ? (a[i * n + j] + a[j * n + i]) * R(0.5) : R(0.0);
 }
 
-TG_FN long tg_la_potr(void **T, int r, real *w, long n)
+TG_FN long tg_la_potrf(void **T, real *w, long n)
 {
     char uplo = 'U';
     tg_bint N = n, info = 0;
-    ((tg_potrf_t)TG_LA(T, r))(&uplo, &N, w, &N, &info);
+    ((tg_potrf_t)TG_LA(T, TG_POTRF))(&uplo, &N, w, &N, &info);
     return (long)info;
 }
 
@@ -39,11 +37,23 @@ TG_FN long tg_la_getrf(void **T, real *w, tg_bint *ipiv, long n)
     return (long)info;
 }
 
-TG_FN void tg_la_getrs(void **T, int trans, real *lu, tg_bint *ipiv, real *bt, long n, long k)
+/* M·X = B on column-major views: w (n×n) holds Mᵀ row-major, bt (k×n) holds B row-major (ops_linalg). */
+TG_FN long tg_la_gesv(void **T, real *w, tg_bint *ipiv, real *bt, long n, long k)
 {
-    char tr = trans ? 'T' : 'N';
     tg_bint N = n, K = k, info = 0;
-    ((tg_getrs_t)TG_LA(T, TG_GETRS))(&tr, &N, &K, lu, &N, ipiv, bt, &N, &info);
+    ((tg_gesv_t)TG_LA(T, TG_GESV))(&N, &K, w, &N, ipiv, bt, &N, &info);
+    return (long)info;
+}
+
+/* row-major c = m⁻ᵀ (ops_linalg.inverse): gesv on the identity with w = mᵀ. */
+TG_FN void tg_la_inverse(void **T, const real *m, real *w, tg_bint *ipiv, real *c, long n)
+{
+    for (long i = 0; i < n; i++)
+        for (long j = 0; j < n; j++)
+            w[i * n + j] = m[j * n + i];
+    for (long i = 0; i < n * n; i++)
+        c[i] = i % (n + 1) == 0 ? R(1.0) : R(0.0);
+    tg_la_gesv(T, w, ipiv, c, n, n);
 }
 
 /* trsm / trmm on a row-major b (m×n) with a k×k triangular a: side and triangle flip. */
@@ -86,7 +96,7 @@ TG_FN void tg_cholesky(void **T, const real *a, real *out, long nb, long n)
 {
     for (long q = 0; q < nb; q++) {
         tg_la_symlower(a + q * n * n, out + q * n * n, n);
-        if (tg_la_potr(T, TG_POTRF, out + q * n * n, n)) {
+        if (tg_la_potrf(T, out + q * n * n, n)) {
             tg_la_nan(out, nb * n * n);
             return;
         }
@@ -143,20 +153,21 @@ TG_FN void tg_trisolve_da(void **T, int left, int lower, int trans, int unit, co
     }
 }
 
-/* solve: x = a⁻¹ b (getrf of aᵀ, getrs 'T'); w: n×n, bt: k×n, ipiv: n. */
+/* solve: x = a⁻¹ b by gesv on column-major copies (ops_linalg.solve_fwd); w: n×n, bt: k×n, ipiv: n. */
 TG_FN void tg_solve(void **T, const real *a, const real *b, real *x, real *w, real *bt, tg_bint *ipiv, long nb,
                     long n, long k)
 {
     for (long q = 0; q < nb; q++) {
-        memcpy(w, a + q * n * n, (size_t)(n * n) * sizeof(real));
-        if (tg_la_getrf(T, w, ipiv, n)) {
-            tg_la_nan(x, nb * n * k);
-            return;
-        }
+        for (long i = 0; i < n; i++)
+            for (long j = 0; j < n; j++)
+                w[i * n + j] = a[q * n * n + j * n + i];
         for (long i = 0; i < n; i++)
             for (long j = 0; j < k; j++)
                 bt[j * n + i] = b[q * n * k + i * k + j];
-        tg_la_getrs(T, 1, w, ipiv, bt, n, k);
+        if (tg_la_gesv(T, w, ipiv, bt, n, k)) {
+            tg_la_nan(x, nb * n * k);
+            return;
+        }
         for (long i = 0; i < n; i++)
             for (long j = 0; j < k; j++)
                 x[q * n * k + i * k + j] = bt[j * n + i];
@@ -169,11 +180,10 @@ TG_FN void tg_solve_bbar(void **T, const real *a, const real *g, real *yt, real 
 {
     for (long q = 0; q < nb; q++) {
         memcpy(w, a + q * n * n, (size_t)(n * n) * sizeof(real));
-        tg_la_getrf(T, w, ipiv, n);
         for (long i = 0; i < n; i++)
             for (long j = 0; j < k; j++)
                 yt[q * n * k + j * n + i] = g[q * n * k + i * k + j];
-        tg_la_getrs(T, 0, w, ipiv, yt + q * n * k, n, k);
+        tg_la_gesv(T, w, ipiv, yt + q * n * k, n, k);
     }
 }
 
@@ -182,7 +192,7 @@ TG_FN void tg_logdet(void **T, const real *a, real *out, real *w, long nb, long 
 {
     for (long q = 0; q < nb; q++) {
         tg_la_symlower(a + q * n * n, w, n);
-        if (tg_la_potr(T, TG_POTRF, w, n)) {
+        if (tg_la_potrf(T, w, n)) {
             tg_la_nan(out, nb);
             return;
         }
@@ -193,17 +203,22 @@ TG_FN void tg_logdet(void **T, const real *a, real *out, real *w, long nb, long 
     }
 }
 
-/* logdet_da: c = g · A⁻¹ (potri from the Cholesky factor; its lower triangle mirrored above). */
-TG_FN void tg_logdet_da(void **T, const real *a, const real *g, real *c, real *w, long nb, long n)
+/* logdet_da: c = g · sym(m⁻ᵀ), m = (a + aᵀ)/2 (ops_linalg.logdet_da); w, m: n×n scratch. */
+TG_FN void tg_logdet_da(void **T, const real *a, const real *g, real *c, real *w, real *m, tg_bint *ipiv, long nb,
+                        long n)
 {
     for (long q = 0; q < nb; q++) {
-        tg_la_symlower(a + q * n * n, w, n);
-        tg_la_potr(T, TG_POTRF, w, n);
-        tg_la_potr(T, TG_POTRI, w, n);
+        const real *A = a + q * n * n;
         real *C = c + q * n * n;
         for (long i = 0; i < n; i++)
             for (long j = 0; j < n; j++)
-                C[i * n + j] = (j <= i ? w[i * n + j] : w[j * n + i]) * g[q];
+                m[i * n + j] = (A[i * n + j] + A[j * n + i]) * R(0.5);
+        tg_la_inverse(T, m, w, ipiv, C, n);
+        for (long i = 0; i < n; i++)
+            for (long j = 0; j < n; j++)
+                m[i * n + j] = (C[i * n + j] + C[j * n + i]) * R(0.5);
+        for (long i = 0; i < n * n; i++)
+            C[i] = m[i] * g[q];
     }
 }
 
@@ -226,16 +241,12 @@ TG_FN void tg_slogdet(void **T, int sign, const real *a, real *out, real *w, tg_
     }
 }
 
-/* logabsdet_da: c = g · A⁻ᵀ, getrs 'T' from the identity with the LU of Aᵀ. */
+/* logabsdet_da: c = g · A⁻ᵀ (ops_linalg.logabsdet_da). */
 TG_FN void tg_logabsdet_da(void **T, const real *a, const real *g, real *c, real *w, tg_bint *ipiv, long nb, long n)
 {
     for (long q = 0; q < nb; q++) {
         real *C = c + q * n * n;
-        memcpy(w, a + q * n * n, (size_t)(n * n) * sizeof(real));
-        tg_la_getrf(T, w, ipiv, n);
-        for (long i = 0; i < n * n; i++)
-            C[i] = i % (n + 1) == 0 ? R(1.0) : R(0.0);
-        tg_la_getrs(T, 1, w, ipiv, C, n, n);
+        tg_la_inverse(T, a + q * n * n, w, ipiv, C, n);
         for (long i = 0; i < n * n; i++)
             C[i] = C[i] * g[q];
     }

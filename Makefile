@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BENCH_ENV) $(BIN)/python experiments/bench_models.py
 	$(BENCH_ENV) $(BIN)/python experiments/bench_linalg.py
 	$(BENCH_ENV) $(BIN)/python experiments/bench_interop.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench_oracle.py
 	$(BENCH_ENV) $(BIN)/python experiments/bench_gemm.py
 	$(BENCH_ENV) $(BIN)/python experiments/emit_logreg.py
 

@@ -15,7 +15,6 @@ For every corpus entry (tests/test_oracle_corpus.py), measured back to back in o
 Run: ``.venv/bin/python experiments/bench_oracle.py`` (prints a Markdown table; a few minutes).
 """
 import os
-import platform
 import statistics
 import sys
 import time
@@ -31,6 +30,7 @@ from interop.oracle_replay import Plan  # noqa: E402
 import jax.test_util  # noqa: E402
 
 import test_oracle_corpus as corpus  # noqa: E402
+from mlp import cpu_model  # noqa: E402
 
 
 def cold():
@@ -99,7 +99,8 @@ def main():
             cold()
             t0 = time.perf_counter()
             try:
-                jax.test_util.check_grads(g, tuple(dargs), order=1, modes=["rev"], atol=1e-3, rtol=1e-3)
+                jax.test_util.check_grads(lambda *d: g(*jax.tree.map(jnp.asarray, d)), tuple(dargs), order=1,
+                                          modes=["rev"], atol=1e-3, rtol=1e-3)   # it perturbs in NumPy
                 fd_verdict = "passes"
             except AssertionError:
                 fd_verdict = "fails"
@@ -108,9 +109,10 @@ def main():
         rows.append((name, t_cold, statistics.median(warm) * 1e3, t_jcold, statistics.median(jwarm) * 1e3, t_fd,
                      rep.error, rep.verdict + (" (f32)" if rep.precision else ""), err_fd, fd_verdict))
         print(f"{name}: {t_cold:.2f}s", file=sys.stderr)
-    print(f"CPU: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; jax {jax.__version__}\n")
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} cores; jax {jax.__version__}; load average "
+          f"{os.getloadavg()[0]:.1f} at the end\n")
     print("| function | oracle cold s | oracle warm ms | jax.jit(grad) cold s | jax.grad warm ms | FD check_grads s "
-          "| oracle rel diff | verdict | FD rel error | FD check |")
+          "| oracle error | verdict | FD rel error | FD check |")
     print("|---|---:|---:|---:|---:|---:|---:|---|---:|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]:.2f} | {r[2]:.1f} | {r[3]:.2f} | {r[4]:.2f} | {r[5]:.2f} | {r[6]:.1e} | {r[7]} | "

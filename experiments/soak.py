@@ -118,12 +118,12 @@ def jitted_episodes(rng):
     xc, yc = tape.const(x), tape.const(y)
     prog = tg.capture(tape, forward(tape, params, xc, yc), backend="native")
     prog.attach(opt)
-    step_fn = interop.jax.jit(interop.program_episode(prog), donate_argnums=(0, 1, 2))
-    state = list(interop.episode_state(prog))
+    step_fn = interop.jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
+    state = list(interop.episode_state(prog))   # [params by name, optax-shaped optimizer state]
     inputs = interop.program_inputs(prog)
 
     def step(i):
-        loss, state[0], state[1], state[2] = step_fn(state[0], state[1], state[2], inputs)
+        loss, state[0], state[1] = step_fn(state[0], state[1], inputs)
         if i % 100 == 0:
             float(loss)
     return step

@@ -10,8 +10,8 @@
 
 Module map: ``dlpack`` (bridges), ``callback`` (the one place that picks the host-callback
 mechanism), ``function`` (jax_function), ``program`` + ``tg_xla.c`` (FFI custom calls and their
-fallback), ``oracle`` + ``oracle_replay`` + ``oracle_rules`` (check_grads: the report, the replay of
-a jaxpr, the primitive table), ``parity`` (optax).
+fallback), ``oracle`` + ``oracle_replay`` + ``oracle_loops`` + ``oracle_rules`` (check_grads: the report,
+the replay of a jaxpr, its loops and branches, the primitive table), ``parity`` (optax).
 
 Importing interop changes no JAX setting (see ``interop._jax``): the oracle scopes its own 64-bit
 mode, and float64 programs ask for it when it is off.

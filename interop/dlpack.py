@@ -80,7 +80,8 @@ def to_jax(array: ArrayLike, copy: Optional[bool] = None) -> "jax.Array":
     if a.dtype.byteorder not in "=|":   # a big-endian file's array: JAX holds native byte order only
         a = a.astype(a.dtype.newbyteorder("="))
         if copy is False:
-            raise ValueError(f"to_jax: cannot share a {array.dtype} (non-native byte order) array without a copy; "
+            raise ValueError(f"to_jax: cannot share a {np.asarray(array).dtype} (non-native byte order) array "
+                             f"without a copy; "
                              f"pass copy=True (or None)")
         copy = True
     if copy is True:

@@ -22,7 +22,7 @@ Everything runs inside a scoped ``jax.enable_x64(True)``: the caller's configura
 """
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
@@ -30,8 +30,9 @@ import tapegrad as tg
 from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
-from .oracle_replay import (CONTROL, JEnv, Literal, Plan, Replay, bind, compiled, diff, is_float, is_key, loop_envs,
-                            lowp_bound, summary)
+from .oracle_loops import loop_envs
+from .oracle_replay import (CONTROL, JEnv, Literal, Plan, Replay, bind, compiled, diff, is_float, is_key, lowp_bound,
+                            summary)
 from .oracle_rules import UnsupportedPrimitiveError, primitive_table
 
 __all__ = ["check_grads", "assert_grads", "GradReport", "Divergence", "Kink", "Precision",
@@ -48,7 +49,11 @@ class GradientMismatchError(TapeError, AssertionError):
 
 @dataclass
 class Divergence:
-    """Where tapegrad and JAX first part: the step (replay order), its text, how, and by how much."""
+    """Where tapegrad and JAX first part: the step, its text, how, and by how much.
+
+    ``index`` counts the steps of ``f``'s jaxpr with calls inlined (what the report calls "equation
+    k"); a step inside a loop or branch is located by the top-level step that holds it and ``where``.
+    """
     index: int
     eqn: str
     kind: str          # "value" (forward values differ) or "vjp" (the equation's local VJP differs)
@@ -230,7 +235,8 @@ def _prepare(f, args, argnums, has_aux):
 
 # ── check_grads ──────────────────────────────────────────────────────────────
 
-def check_grads(f, *args, argnums=None, has_aux=False, rtol=1e-12, seed=0):
+def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
+                has_aux: bool = False, rtol: float = 1e-12, seed: int = 0) -> GradReport:
     """Check ``jax.grad(f, argnums, has_aux)`` against tapegrad's reverse sweep of ``f``'s jaxpr.
 
     ``f`` is a scalar-valued JAX function (``jax.numpy``, ``lax``, ``jax.nn``, control flow,
@@ -254,7 +260,8 @@ def check_grads(f, *args, argnums=None, has_aux=False, rtol=1e-12, seed=0):
         return _check(f, args, argnums, has_aux, rtol, seed)
 
 
-def assert_grads(f, *args, argnums=None, has_aux=False, rtol=1e-12, seed=0, allow_kinks=True):
+def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
+                 has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, allow_kinks: bool = True) -> GradReport:
     """Like ``check_grads`` but raises ``GradientMismatchError`` (an ``AssertionError``) with the report.
 
     The form of ``jax.test_util.check_grads``; returns the report when the gradients agree (or

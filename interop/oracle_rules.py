@@ -18,7 +18,8 @@ from tapegrad import ops as O
 from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
-from .oracle_replay import CONTROL, NotReplayable, cond_rule, linear_solve_rule, scan_rule, while_rule
+from .oracle_loops import cond_rule, linear_solve_rule, scan_rule, while_rule
+from .oracle_replay import CONTROL, NotReplayable
 
 
 class UnsupportedPrimitiveError(TapeError, NotImplementedError):
@@ -588,7 +589,7 @@ def _triangular_solve(r, xs, eqn):
                                transpose_a=bool(p["transpose_a"]), unit_diagonal=bool(p["unit_diagonal"]))
 
 
-@rule("lu", doc="Doolittle elimination on the rows JAX's pivoting chose (`take`, `matmul`, `index`)",
+@rule("lu", doc="Doolittle elimination (slices, outer products) on the rows in JAX's pivot order",
       needs=("take",))
 def _lu(r, xs, eqn):
     a = r.var(xs[0])

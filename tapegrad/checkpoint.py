@@ -261,7 +261,7 @@ def load(path: "str | os.PathLike[str]", tape: "Tape", opt: "Optional[Optimizer]
             state[key] = [_array(path, arrays, f"opt.{key}.{k}", tape._nodes[v.id].shape, dtype)
                           for k, v in enumerate(opt.params)]
     # Everything is checked: from here on nothing can fail half-way.
-    if state is not None:
+    if opt is not None and state is not None:
         opt.load_state_dict(state)
     for i, a in zip(ids, params):
         np.copyto(tape._val[i], a)

@@ -186,7 +186,7 @@ def bmm(a: Operand, b: Operand) -> Var:
     return _binary(O.bmm, None, a, b)
 
 
-def transpose(a: Var, axes: Optional[Sequence[int]] = None) -> Var:
+def transpose(a: Var, axes: Any = None) -> Var:   # None, an int, or a sequence of ints
     """Permute axes (default: reverse them), as ``numpy.transpose``."""
     if a.id < 0:
         return a

@@ -145,23 +145,24 @@ def test_reattaching_an_optimizer_after_jit_uses_the_new_state():
     episode = interop.program_episode(p)
     assert episode.native
     step = jax.jit(episode)
-    params, st, cnt = interop.episode_state(p)
+    params, st = interop.episode_state(p)
     inputs = interop.program_inputs(p)
     for _ in range(3):
-        _, params, st, cnt = step(params, st, cnt, inputs)
+        _, params, st = step(params, st, inputs)
     fresh = tg.Adam(0.1)
     fresh.add(tape, w)
     p.attach(fresh)                               # new moment buffers inside the program
-    params, st, cnt = interop.episode_state(p)
+    params, st = interop.episode_state(p)
     _, wref, ref = reattach_model("native")       # the same program driven directly: the expected bits
-    ref.set_input(wref, np.asarray(params[0]))
+    ref.set_input(wref, np.asarray(params["param_0"]))
     for _ in range(3):
-        _, params, st, cnt = step(params, st, cnt, inputs)
+        _, params, st = step(params, st, inputs)
         ref.episode()
     rs = ref.optimizer_state()
-    assert np.array_equal(np.asarray(params[0]), ref.value(wref))
-    assert np.array_equal(np.asarray(st[0]), rs["mu"][0]) and np.array_equal(np.asarray(st[1]), rs["nu"][0])
-    assert int(cnt) == rs["count"] == 3
+    assert np.array_equal(np.asarray(params["param_0"]), ref.value(wref))
+    assert np.array_equal(np.asarray(st.mu["param_0"]), rs["mu"][0])
+    assert np.array_equal(np.asarray(st.nu["param_0"]), rs["nu"][0])
+    assert int(st.count) == rs["count"] == 3
 
 
 def test_reattaching_another_configuration_makes_old_executables_fail_loudly():

@@ -360,8 +360,7 @@ def test_without_a_c_compiler_the_callback_path_runs():
 # ── the FFI handler runs on XLA's buffers: the same bits as the copying (host-callback) path ──
 
 def bits(a, b):
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-        assert np.asarray(x).shape == np.asarray(y).shape and (np.asarray(x) == np.asarray(y)).all()
+    chex.assert_trees_all_equal(a, b, strict=True)   # same structure, shapes, dtypes and bits
 
 
 @pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")

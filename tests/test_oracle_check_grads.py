@@ -306,3 +306,10 @@ def test_pow_with_array_exponents_and_a_negative_base():
     x, y = jnp.array([-1.5, 2.0, 0.7]), jnp.array([2.0, 1.5, -0.5])
     r = interop.check_grads(lambda x, y: jnp.sum(x ** jnp.array([2.0, 3.0, 1.0]) + jnp.abs(x) ** y), x, y)
     assert r.ok and max(r.max_rel) <= 1e-12, str(r)
+
+
+def test_empty_intermediates_and_associative_scan():
+    f = lambda x: jnp.sum(lax.associative_scan(jnp.add, x) ** 2) + jnp.sum(x[3:3] * 2.0)  # noqa: E731
+    before = interop.oracle.FULL_EVALUATIONS[0]
+    r = interop.check_grads(f, jnp.asarray(RNG.standard_normal(8)))
+    assert r.ok and r.verdict == "agree" and interop.oracle.FULL_EVALUATIONS[0] == before, str(r)

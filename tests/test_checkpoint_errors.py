@@ -1,11 +1,16 @@
 """Every checkpoint mismatch has its own message and changes nothing; files never unpickle; temp files stay local."""
 import json
 import os
+import re
 
 import numpy as np
 import pytest
 
 import tapegrad as tg
+
+
+def full_path(message):
+    return "^" + re.escape(message) + "$"
 
 
 def saved(tmp_path, opt_factory=lambda: tg.Adam(0.1), dtype=np.float64, shapes=((3, 2), (2,))):

@@ -132,3 +132,18 @@ def test_an_empty_inner_dimension_sums_to_zero(backend):
     prog.backward()
     assert np.array_equal(prog.value(y), np.zeros((3, 4))) and float(prog.loss()) == 0.0
     assert prog.grad(a).shape == (3, 0) and prog.grad(b).shape == (0, 4)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+def test_softmax_of_large_logits_stays_finite(backend):
+    """exp(a − max): logits near 1000 would overflow exp(a) itself."""
+    tape = tg.Tape()
+    a = tape.param(np.array([[1000.0, 1001.0, 999.0], [-5.0, 700.0, 710.0]]))
+    s, ls = a.softmax(axis=1), a.log_softmax(axis=1)
+    loss = (s * tape.const(np.arange(6.0).reshape(2, 3))).sum() + ls.sum()
+    tape.backward(loss)
+    prog = run(tape, loss, backend)
+    for v in (s, ls):
+        assert np.all(np.isfinite(prog.value(v)))
+        np.testing.assert_allclose(prog.value(v), tape.value(v), rtol=1e-14, atol=0)
+    assert np.all(np.isfinite(prog.grad(a)))

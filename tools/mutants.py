@@ -10,7 +10,7 @@ covered by ``tools/c_mutants.py`` (hand-written mutations), which ``make mutants
     python tools/mutants.py --report         # rebuild the report from the last runs only
 
 Mutants listed in ``tools/mutants_equivalent.toml`` (cannot change behaviour; each with its reason) are
-not counted. The figures and every surviving mutant's diff go to ``build/mutants/report.md``; a machine
+not counted. The figures and every surviving mutant's diff go to report.md in the ``build/mutants`` folder; a machine
 readable copy to ``build/mutants/results.json``. Killed = the selected tests failed, timed out or
 crashed; survived = they passed, or no selected test reached the mutated function.
 """

@@ -31,8 +31,8 @@ def episode_in_jit(batch, sizes):
     import interop
     from interop import jax, jnp
     _, prog = program_step(batch, sizes, "native")
-    x, y = (jnp.asarray(a) for a in data(batch, sizes))
     with jax.enable_x64(True):
+        x, y = (jnp.asarray(a) for a in data(batch, sizes))
         step = jax.jit(interop.program_episode(prog, flat=True), donate_argnums=0)
         state = [interop.episode_state(prog, flat=True)]
 

@@ -70,8 +70,7 @@ def prologue(dtype, blas_bits=32, small_mm=0):
         ""])
 
 
-def _arr(vals):
-    return "{" + ", ".join(str(int(v)) for v in vals) + "}" if vals else "{0}"
+_arr = kernels.c_array
 
 
 class Emitter:

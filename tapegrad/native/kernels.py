@@ -38,6 +38,11 @@ class Node(NamedTuple):
     csh: tuple = None
 
 
+def c_array(vals):
+    """A C initialiser for a ``static const long`` table (``{0}`` for an empty one)."""
+    return "{" + ", ".join(str(int(v)) for v in vals) + "}" if vals else "{0}"
+
+
 def strides(shape):
     st, acc = [], 1
     for n in reversed(shape):

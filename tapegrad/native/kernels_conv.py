@@ -19,12 +19,10 @@ import math
 from ..errors import TapeError, at
 from ..ops_conv import geometry, pool_geometry
 from . import kernels
+from .kernels import c_array as _arr
 
 MAXD = 8   # runtime.c's TG_MAXD: the most spatial dims (conv) or axes (pooling) the C loops index
 
-
-def _arr(vals):
-    return "{" + ", ".join(str(int(v)) for v in vals) + "}"
 
 
 def conv_tables(geo):

@@ -6,11 +6,8 @@ exact: a program equals the tape bit for bit.
 """
 import math
 
-from .kernels import BACKWARD, FORWARD, strides
+from .kernels import BACKWARD, FORWARD, c_array as _arr, strides
 
-
-def _arr(vals):
-    return "{" + ", ".join(str(int(v)) for v in vals) + "}" if vals else "{0}"
 
 
 def _split(shape, axis, nq):

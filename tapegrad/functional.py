@@ -5,7 +5,7 @@ import builtins
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Union
 
 import numpy as np
 from numpy.typing import ArrayLike

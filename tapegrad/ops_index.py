@@ -13,11 +13,10 @@ data inputs (``tape.const`` of an integer or bool array). Conventions, chosen on
 - ``index_set`` with repeated indices keeps the last occurrence; the overwritten ones get no gradient.
 """
 import builtins
-import math
 
 import numpy as np
 
-from .ops import Bad, broadcast, op, real
+from .ops import Bad, op, real
 
 _mask_rng = np.random.default_rng(11)
 

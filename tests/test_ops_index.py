@@ -31,6 +31,7 @@ def test_a_float_mask_is_refused_by_name():
     with pytest.raises(ArgumentError, match=r"^where \(node 1\): argument mask must be a bool mask \(an array or a "
                                             r"data Var\), got a float64 array; convert with np.asarray\(x, bool\)$"):
         tg.where(np.array([1.0, 0.0]), x, 0.0)
+    assert same()
     m = tape.const(np.array([1.0, 0.0]))
     with pytest.raises(ArgumentError, match=r"^where \(node 3\): argument c \(node 1\) must be bool data, got a "
                                             r"float Var; make a mask with tape.const\(np.asarray\(m, bool\)\)$"):

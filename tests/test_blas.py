@@ -40,3 +40,13 @@ def test_scipy_pointers_when_threadpoolctl_reports_no_numpy_blas(monkeypatch):
     assert where == "scipy.linalg.cython_blas" and bits == 32
     x = np.arange(4.0)
     assert _ddot(dot, bits, x, x) == 14.0
+
+
+def test_the_blas_choice_is_logged_once(caplog, monkeypatch):
+    monkeypatch.setattr(runner, "_BLAS", {})
+    with caplog.at_level("INFO", logger="tapegrad"):
+        first = runner.blas_pointers(np.float64)
+        assert runner.blas_pointers(np.float64) == first          # cached: no second line
+    lines = [r.getMessage() for r in caplog.records if r.name == "tapegrad" and "BLAS for" in r.getMessage()]
+    assert lines == [f"BLAS for float64 programs: {first[3]} ({first[2]}-bit integers)"
+                     + ("" if "numpy" in first[3] else " (SciPy's: NumPy's BLAS was not found)")]

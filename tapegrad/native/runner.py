@@ -52,6 +52,9 @@ def blas_pointers(dtype):
         pre = "s" if key == "float32" else "d"
         found = None if os.environ.get("TAPEGRAD_BLAS") == "scipy" else _numpy_blas(pre)
         _BLAS[key] = found or _scipy_blas(pre)
+        build.log.info("BLAS for %s programs: %s (%d-bit integers)%s", key, _BLAS[key][3], _BLAS[key][2],
+                       "" if found else " (SciPy's, as TAPEGRAD_BLAS asks)" if os.environ.get("TAPEGRAD_BLAS")
+                       == "scipy" else " (SciPy's: NumPy's BLAS was not found)")
     return _BLAS[key]
 
 

@@ -102,7 +102,8 @@ class GradReport:
     """Result of ``check_grads``: tapegrad's gradients next to ``jax.grad``'s.
 
     ``ok``: values and gradients agree within ``bound`` (``rtol``, or the precision's bound), or
-    every difference is a kink. ``verdict``: "agree", "kink" or "mismatch". ``grads`` and
+    every difference is a kink. ``verdict``: "agree", "kink", "mismatch", or "nonfinite" (the value or
+    a gradient is NaN or inf in JAX as on the tape: nothing could be checked, so ``ok`` is False). ``grads`` and
     ``jax_grads`` have ``jax.grad``'s form for ``argnums`` (a tuple over all arguments when it is
     None; non-float leaves are None). ``max_abs``/``max_rel``: one entry per differentiated leaf,
     named in ``leaves``.
@@ -127,7 +128,8 @@ class GradReport:
     aux: Any = None
 
     def __str__(self):
-        word = {"agree": "ok", "kink": "ok (differences only at kinks)", "mismatch": "MISMATCH"}[self.verdict]
+        word = {"agree": "ok", "kink": "ok (differences only at kinks)", "mismatch": "MISMATCH",
+                "nonfinite": "NOT CHECKED (not finite on either side)"}[self.verdict]
         head = (f"check_grads: {word} (gradient error {self.error:.2g}, bound {self.bound:.2g}; {self.n_eqns} "
                 f"equations replayed; value {self.value:.17g} vs jax {self.jax_value:.17g})")
         rows = [f"  {n}: max|Δ|={a:.3g} rel={r:.3g}" for n, a, r in zip(self.leaves, self.max_abs, self.max_rel)]
@@ -325,6 +327,12 @@ def _check(f, args, argnums, has_aux, rtol, seed):
                         aux=jax.tree.unflatten(p.aux_tree, list(jaux)) if has_aux else None)
     if any(getattr(x, "dtype", None) == np.float32 for x in jax.tree.leaves(args)):
         report.notes.append("float32 arguments were checked in float64")
+    finite = np.isfinite(value) and all(np.isfinite(g).all() for g in jgrads)
+    if report.ok and not finite:   # NaN == NaN on both sides is no agreement: nothing could be checked
+        report.ok, report.verdict = False, "nonfinite"
+        report.notes.append("the value or a gradient is not finite at these arguments, in JAX as on the tape: "
+                            "nothing can be checked here")
+        return report
     if report.ok:
         return report
     report.verdict = "mismatch"

@@ -313,3 +313,9 @@ def test_empty_intermediates_and_associative_scan():
     before = interop.oracle.FULL_EVALUATIONS[0]
     r = interop.check_grads(f, jnp.asarray(RNG.standard_normal(8)))
     assert r.ok and r.verdict == "agree" and interop.oracle.FULL_EVALUATIONS[0] == before, str(r)
+
+
+def test_nan_on_both_sides_is_not_called_agreement():
+    r = interop.check_grads(lambda x: jnp.sqrt(x - 10.0).sum(), jnp.ones(3))
+    assert not r.ok and r.verdict == "nonfinite"
+    assert "NOT CHECKED (not finite on either side)" in str(r)

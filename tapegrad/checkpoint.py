@@ -3,7 +3,8 @@
 The file is a plain `safetensors <https://github.com/huggingface/safetensors>`_ file (an 8-byte
 little-endian header length, a JSON header naming each tensor's dtype, shape and byte range, then the
 raw little-endian data), written here with NumPy alone, so any safetensors reader opens it by name:
-``params.<k>``, ``opt.mu.<k>``, ``opt.nu.<k>`` (k: registration order); the
+``params.<k>``, ``opt.mu.<k>``, ``opt.nu.<k>`` (k: registration order; parameters' names, where
+``tape.param(..., name=)`` gave them, are in the metadata and checked on load); the
 header's ``__metadata__`` holds ``{"format": "tapegrad-checkpoint-2", "tapegrad": <JSON>}`` with the
 dtype, the parameter shapes and the optimizer's configuration and step count. Nothing is ever
 unpickled. Checkpoints of the previous format (``.npz`` with a JSON ``meta`` entry) still load.
@@ -75,7 +76,8 @@ def save(path: "str | os.PathLike[str]", tape: "Tape", opt: "Optional[Optimizer]
         _check_opt("save", tape, opt)
     ids = _params(tape)
     tensors = [(f"params.{k}", tape._val[i]) for k, i in enumerate(ids)]
-    meta = {"dtype": tape.dtype.name, "params": [list(tape._nodes[i].shape) for i in ids]}
+    meta = {"dtype": tape.dtype.name, "params": [list(tape._nodes[i].shape) for i in ids],
+            "names": [_name(tape, i) for i in ids]}
     if opt is not None:
         state = opt.state_dict()
         meta["optimizer"] = {**opt.config(), "count": state["count"], "param_nodes": [v.id for v in opt.params]}
@@ -200,6 +202,11 @@ def _read_npz(path):
     return _checked_meta(path, meta), renamed
 
 
+def _name(tape, i):
+    """The name ``tape.param(..., name=)`` gave node ``i``, or None."""
+    return next((n for n, v in tape._names.items() if v.id == i and tape._live(v)), None)
+
+
 def _checked_meta(path, meta):
     try:
         ok = (isinstance(meta, dict) and meta["dtype"] in ("float64", "float32")
@@ -238,7 +245,12 @@ def load(path: "str | os.PathLike[str]", tape: "Tape", opt: "Optional[Optimizer]
     ids = _params(tape)
     if len(ids) != len(params):
         raise TapeError(f"load: the checkpoint holds {len(params)} parameters, the tape has {len(ids)}")
-    for k, (i, a) in enumerate(zip(ids, params)):
+    names = meta.get("names") if isinstance(meta.get("names"), list) else [None] * len(ids)
+    for k, (i, a, saved) in enumerate(zip(ids, params, names)):
+        have = _name(tape, i)
+        if saved is not None and have is not None and saved != have:
+            raise TapeError(f"load: parameter {k} (node {i}) is named {have!r} on the tape, {saved!r} in the "
+                            f"checkpoint")
         if a.shape != tape._nodes[i].shape:
             raise TapeError(f"load: parameter {k} (node {i}) has shape {tape._nodes[i].shape}, the checkpoint "
                             f"{a.shape}")

@@ -77,3 +77,25 @@ def test_nonfinite_reports_name_the_parameter():
     w = tape.param(np.array([1.0, np.inf]), name="W1")
     bad = tape.first_nonfinite()
     assert (bad.node, bad.name) == (w.id, "W1") and str(bad).startswith("param 'W1' (node 0): first non-finite value")
+
+
+def test_checkpoints_keep_parameter_names_and_check_them(tmp_path):
+    path = str(tmp_path / "ck.safetensors")
+    tape = tg.Tape()
+    tape.param(np.ones(2), name="W1")
+    tape.param(np.zeros(3))
+    tg.save(path, tape)
+    meta, _ = tg.checkpoint.read(path)
+    assert meta["names"] == ["W1", None]
+    other = tg.Tape()
+    w = other.param(np.full(2, 7.0), name="W2")
+    other.param(np.zeros(3))
+    with pytest.raises(tg.TapeError, match=r"^load: parameter 0 \(node 0\) is named 'W2' on the tape, 'W1' in the "
+                                           r"checkpoint$"):
+        tg.load(path, other)
+    assert other.value(w).tolist() == [7.0, 7.0]
+    same = tg.Tape()
+    v = same.param(np.zeros(2), name="W1")
+    same.param(np.zeros(3))
+    tg.load(path, same)
+    assert same.value(v).tolist() == [1.0, 1.0]

@@ -328,12 +328,6 @@ def test_data_parallel_grads_under_shard_map_on_four_host_devices(backend):
     assert "maxrel" in r.stdout
 
 
-def test_gpu_lowering_for_cuda():
-    gpu = getattr(P, "gpu_targets", None)
-    if gpu is None:
-        pytest.skip("no GPU custom-call handler exists yet (the GPU issue adds one); nothing to lower for cuda")
-
-
 NO_CC = r'''
 import numpy as np, tapegrad as tg, interop
 from interop import jax, jnp

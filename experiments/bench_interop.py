@@ -17,7 +17,6 @@ BLAS (threadpoolctl). Run: ``.venv/bin/python experiments/bench_interop.py``.
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 

@@ -10,7 +10,6 @@ bench_peers.md.
     python experiments/bench_peers.py          # tiny, small, medium, large (several minutes)
     python experiments/bench_peers.py --quick  # tiny and small, few repeats
 """
-import argparse
 import os
 import sys
 
@@ -21,7 +20,7 @@ sys.path.insert(0, HERE)
 from bench_capture import SIZES, jax_step, program_step  # noqa: E402
 from bench_eager import numpy_step, side_by_side, tape_step  # noqa: E402
 from mlp import blas_kernel, data, init  # noqa: E402
-from progress import bar, cpu_model, save  # noqa: E402
+from progress import bar, cpu_model, parser, save  # noqa: E402
 
 LR = 1e-3
 
@@ -161,9 +160,7 @@ def plot(rows, path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap = parser(__doc__)
     args = ap.parse_args(argv)
     names = ("tiny", "small") if args.quick else tuple(SIZES)
     rows, missing = run(names, args.quick)

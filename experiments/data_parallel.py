@@ -20,7 +20,6 @@ On several hosts, run on each (same script, same data seed; host 0's address as 
 
     python experiments/data_parallel.py --worker RANK --processes N --devices D --coordinator HOST0:PORT
 """
-import argparse
 import json
 import os
 import socket
@@ -33,17 +32,12 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+from mlp import batches  # noqa: E402
+from progress import bar, cpu_model, parser, save  # noqa: E402
 
 FULL = dict(batch=64, sizes=(64, 128, 128, 10), steps=40, lr=1e-3)
 QUICK = dict(batch=16, sizes=(8, 16, 4), steps=3, lr=1e-3)
 BOUND = 1e-12   # max relative parameter difference from the single-process full-batch run
-
-
-def batches(cfg, seed=1):
-    rng = np.random.default_rng(seed)
-    n, c = cfg["sizes"][0], cfg["sizes"][-1]
-    return [(rng.standard_normal((cfg["batch"], n)), np.eye(c)[rng.integers(0, c, cfg["batch"])])
-            for _ in range(cfg["steps"])]
 
 
 def reference(cfg):
@@ -143,7 +137,6 @@ def compare(params, ref):
 
 
 def run(configs, cfg, quiet=False):
-    from progress import bar
     ref = reference(cfg)
     rows = []
     for i, (nproc, ndev) in enumerate(configs):
@@ -157,7 +150,6 @@ def run(configs, cfg, quiet=False):
 
 def markdown(rows, cfg):
     from mlp import blas_kernel
-    from progress import cpu_model
     lines = [f"MLP {'-'.join(map(str, cfg['sizes']))}, global batch {cfg['batch']}, {cfg['steps']} Adam steps, "
              f"float64; CPU: {cpu_model()} ({os.cpu_count()} cores); BLAS: {blas_kernel()}", "",
              "| processes × devices | shards | max rel. parameter difference from one process, full batch "
@@ -179,9 +171,7 @@ def plot(rows, path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap = parser(__doc__)
     ap.add_argument("--worker", type=int, help="run one process of the mesh (its rank)")
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--devices", type=int, default=2, help="host devices per process")
@@ -197,7 +187,6 @@ def main(argv=None):
     configs = [(2, 2)] if args.quick else [(1, 1), (1, 2), (2, 1), (2, 2)]
     rows = run(configs, cfg)
     text = markdown(rows, cfg)
-    from progress import save
     save(args.out, "data_parallel", text, lambda path: plot(rows, path))
     return rows
 

@@ -16,7 +16,6 @@ experiments/out/finetune_memory.png and finetune_memory.md.
     python experiments/finetune_memory.py          # n = 512, 1024, 2048, 4096
     python experiments/finetune_memory.py --quick  # n = 256, 512 (the test suite)
 """
-import argparse
 import json
 import os
 import subprocess
@@ -27,7 +26,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from progress import bar, cpu_model, save  # noqa: E402
+from progress import bar, cpu_model, parser, save  # noqa: E402
 
 VARIANTS = ("eager constant", "eager + drop_consts", "lazy constant")
 RANK, BATCH, STEPS = 8, 64, 5
@@ -127,9 +126,7 @@ def main(argv=None):
         np.savez(res, A=A, B=B)
         print(json.dumps(mem))
         return None
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap = parser(__doc__)
     args = ap.parse_args(argv)
     sizes = (256, 512) if args.quick else (512, 1024, 2048, 4096)
     res, agree = measure(sizes)

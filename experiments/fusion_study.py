@@ -8,7 +8,6 @@ Writes experiments/out/fusion_study.png and fusion_study.md.
     python experiments/fusion_study.py           # a few minutes on 2 cores
     python experiments/fusion_study.py --quick   # two small models, few repeats (the test suite)
 """
-import argparse
 import os
 import sys
 
@@ -19,7 +18,7 @@ sys.path.insert(0, HERE)
 from bench_capture import jax_step, program_step  # noqa: E402
 from bench_eager import side_by_side  # noqa: E402
 from mlp import blas_kernel  # noqa: E402
-from progress import bar, cpu_model, save  # noqa: E402
+from progress import bar, cpu_model, parser, save  # noqa: E402
 
 MLPS = [(64, (64,) + (w,) * depth + (10,)) for depth in (1, 2, 4, 8) for w in (32, 128, 512)]
 QUICK_MLPS = [(32, (16, 32, 4)), (32, (16, 32, 32, 32, 4))]
@@ -100,9 +99,7 @@ def plot(rows, path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap = parser(__doc__)
     args = ap.parse_args(argv)
     import transformer as T
     if args.quick:

@@ -13,7 +13,6 @@ Claims checked (each one a row of the report):
 - fused == per-node (``==``), and launches per episode fused vs per-node;
 - default order (cuBLAS GEMMs) within rtol 1e-10 of the native CPU backend.
 """
-import math
 import pathlib
 import subprocess
 import time
@@ -343,7 +342,7 @@ def run(work, nvcc, dry, arch="sm_90", sizes=None, episodes=3):
             if "cublas" not in str(e).lower():
                 raise
             blas = None
-            print(f"gpu_programs: cuBLAS is not available to nvcc here; the default-order variant is skipped")
+            print("gpu_programs: cuBLAS is not available to nvcc here; the default-order variant is skipped")
         native = cpu_reference(sz, rows, False, episodes, "native")
         eq_tape = (fused["losses"] == want[0]).all() and all((a == b).all() for a, b in zip(fused["params"], want[1]))
         eq_fuse = (fused["losses"] == pernode["losses"]).all() and \

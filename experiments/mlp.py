@@ -23,6 +23,14 @@ def data(batch, sizes, seed=1):
     return rng.standard_normal((batch, sizes[0])), np.eye(sizes[-1])[rng.integers(0, sizes[-1], batch)]
 
 
+def batches(cfg, seed=1):
+    """``cfg["steps"]`` minibatches of ``cfg["batch"]`` rows for an MLP of ``cfg["sizes"]``, one-hot labels."""
+    rng = np.random.default_rng(seed)
+    n, c = cfg["sizes"][0], cfg["sizes"][-1]
+    return [(rng.standard_normal((cfg["batch"], n)), np.eye(c)[rng.integers(0, c, cfg["batch"])])
+            for _ in range(cfg["steps"])]
+
+
 def logits(h, params):
     """The MLP on a tape: ``h`` a Var (or anything with ``@``, ``+``, ``.relu()``)."""
     for k in range(0, len(params), 2):

@@ -1,6 +1,9 @@
 """What every experiment shares: a progress bar, the machine it ran on, and its results written out."""
+import argparse
 import os
 import sys
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out")
 
 
 def bar(done, total, note="", width=30):
@@ -33,3 +36,11 @@ def save(out_dir, name, text, plot=None):
     if plot is not None:
         plot(os.path.join(out_dir, name + ".png"))
     print("\n" + text)
+
+
+def parser(doc):
+    """The arguments every experiment takes: ``--quick`` (seconds; the test suite's mode) and ``--out``."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a small, fast run (what the test suite runs)")
+    ap.add_argument("--out", default=OUT, help="where tables and plots go (default experiments/out)")
+    return ap

@@ -12,7 +12,6 @@ and reproducibility.md.
     python experiments/reproducibility.py          # 100 steps
     python experiments/reproducibility.py --quick  # 5 steps of a small MLP (the test suite)
 """
-import argparse
 import os
 import sys
 
@@ -21,18 +20,11 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tapegrad as tg  # noqa: E402
-from mlp import blas_kernel, init, jax_loss, tape_loss  # noqa: E402
-from progress import bar, cpu_model, save  # noqa: E402
+from mlp import batches, blas_kernel, init, jax_loss, tape_loss  # noqa: E402
+from progress import bar, cpu_model, parser, save  # noqa: E402
 
 FULL = dict(batch=64, sizes=(64, 128, 128, 10), steps=100, lr=1e-3)
 QUICK = dict(batch=16, sizes=(8, 16, 4), steps=5, lr=1e-3)
-
-
-def batches(cfg, seed=1):
-    rng = np.random.default_rng(seed)
-    n, c = cfg["sizes"][0], cfg["sizes"][-1]
-    return [(rng.standard_normal((cfg["batch"], n)), np.eye(c)[rng.integers(0, c, cfg["batch"])])
-            for _ in range(cfg["steps"])]
 
 
 def blas_threads(n):
@@ -201,9 +193,7 @@ def plot(r, path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap = parser(__doc__)
     args = ap.parse_args(argv)
     r = run(QUICK if args.quick else FULL)
     text = markdown(r)

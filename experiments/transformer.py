@@ -9,7 +9,6 @@ standard-library modules. Writes experiments/out/transformer_{loss,grad}.png and
     python experiments/transformer.py            # 200 steps (a minute or two on 2 cores)
     python experiments/transformer.py --quick    # a few steps on a smaller model (the test suite)
 """
-import argparse
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tapegrad as tg  # noqa: E402
 from mlp import blas_kernel  # noqa: E402
-from progress import bar, cpu_model, save  # noqa: E402
+from progress import bar, cpu_model, parser, save  # noqa: E402
 
 FULL = dict(T=16, d=32, heads=2, hidden=64, batch=8, steps=200, lr=3e-3)
 QUICK = dict(T=8, d=16, heads=2, hidden=32, batch=4, steps=5, lr=3e-3)
@@ -305,9 +304,7 @@ def markdown(r):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="a few steps of a smaller model")
-    ap.add_argument("--out", default=os.path.join(HERE, "out"))
+    ap = parser(__doc__)
     args = ap.parse_args(argv)
     return run(QUICK if args.quick else FULL, args.out)
 

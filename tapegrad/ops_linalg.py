@@ -383,18 +383,25 @@ def log_abs(d):
     return -math.inf if d == 0.0 else math.log(abs(d))
 
 
+def lu_diagonals(a, ws):
+    """For each matrix of the batch ``a``: (diagonal of its LU factors, pivots), factored by getrf one at
+    a time in one reused buffer."""
+    la = lapack(a.dtype)
+    n = a.shape[-1]
+    w, ipiv = lu_scratch(la, n, ws)
+    for A in batches(a):
+        np.copyto(w, A)
+        la.getrf(w, ipiv)
+        yield w.reshape(-1)[::n + 1].tolist(), ipiv.tolist()
+
+
 def logabsdet_fwd(a, b, s, out, ws):
     # Σ log|Uᵢᵢ| of the LU factors, in order in double with the C library's log (as logdet_fwd); an
     # exactly singular matrix gives −inf, as numpy.linalg.slogdet.
-    la = lapack(a.dtype)
-    n = a.shape[-1]
-    A, o = batches(a), out.reshape(-1)
-    w, ipiv = lu_scratch(la, n, ws)
-    for q in range(len(A)):
-        np.copyto(w, A[q])
-        la.getrf(w, ipiv)
+    o = out.reshape(-1)
+    for q, (diag, _) in enumerate(lu_diagonals(a, ws)):
         acc = 0.0
-        for d in w.reshape(-1)[::n + 1].tolist():
+        for d in diag:
             acc = acc + log_abs(d)
         o[q] = acc
 
@@ -415,15 +422,10 @@ def logabsdet_da(g, out, a, b, s, ws):
 
 def det_sign_fwd(a, b, s, out, ws):
     # Π sign(Uᵢᵢ) · (−1)^(row interchanges) of the LU factors (det Aᵀ = det A); 0 when singular
-    la = lapack(a.dtype)
-    n = a.shape[-1]
-    A, o = batches(a), out.reshape(-1)
-    w, ipiv = lu_scratch(la, n, ws)
-    for q in range(len(A)):
-        np.copyto(w, A[q])
-        la.getrf(w, ipiv)
+    o = out.reshape(-1)
+    for q, (diag, piv) in enumerate(lu_diagonals(a, ws)):
         sign = 1.0
-        for i, (d, p) in enumerate(zip(w.reshape(-1)[::n + 1].tolist(), ipiv.tolist())):
+        for i, (d, p) in enumerate(zip(diag, piv)):
             sign = sign * (1.0 if d > 0.0 else -1.0 if d < 0.0 else 0.0) * (1.0 if p == i + 1 else -1.0)
         o[q] = sign
 

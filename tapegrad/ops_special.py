@@ -41,24 +41,26 @@ def half_logistic(a, out, ws, flip):
     np.divide(e, out, out=out)
 
 
-def softplus_fwd(a, b, s, out, ws):
-    # log(1 + eᵃ) = max(a, 0) + log1p(e^−|a|): the exponent is never positive, so nothing overflows.
+def log1p_exp_neg_abs(a, ws):
+    """log1p(e^−|a|) into scratch: the exponent is never positive, so nothing overflows."""
     t = ws.take(a.shape)
     np.abs(a, out=t)
     np.negative(t, out=t)
     np.exp(t, out=t)
     np.log1p(t, out=t)
+    return t
+
+
+def softplus_fwd(a, b, s, out, ws):
+    # log(1 + eᵃ) = max(a, 0) + log1p(e^−|a|)
+    t = log1p_exp_neg_abs(a, ws)
     np.maximum(a, 0.0, out=out)
     np.add(out, t, out=out)
 
 
 def log_sigmoid_fwd(a, b, s, out, ws):
     # log sigmoid(a) = −softplus(−a) = min(a, 0) − log1p(e^−|a|)
-    t = ws.take(a.shape)
-    np.abs(a, out=t)
-    np.negative(t, out=t)
-    np.exp(t, out=t)
-    np.log1p(t, out=t)
+    t = log1p_exp_neg_abs(a, ws)
     np.minimum(a, 0.0, out=out)
     np.subtract(out, t, out=out)
 

@@ -64,7 +64,7 @@ class Scratch:
         need = 0
         for views in self.cache.values():
             need = max(need, sum(_padded(v.nbytes) for v in views))
-        slab = aligned_empty((max(need, 1),), np.uint8)
+        slab = aligned_empty((need,), np.uint8)
         for key, views in self.cache.items():
             off = 0
             for j, v in enumerate(views):

@@ -165,7 +165,7 @@ OPTS = {
 }
 
 
-def linear_run(kind, program, dtype="float64", episodes=3):
+def linear_run(kind, program, dtype="float64", backend="numpy", episodes=3):
     """loss = Σ w·c1 + Σ v·c2 (gradients exactly c1, c2); u is registered between them and never reached."""
     tape = tg.Tape(dtype)
     w, u, v = tape.param(W0), tape.param(U0), tape.param(V0)
@@ -178,7 +178,7 @@ def linear_run(kind, program, dtype="float64", episodes=3):
     def loss():
         return (w * tape.const(C1)).sum() + (v * tape.const(C2)).sum()
     if program:
-        prog = tg.capture(tape, loss(), dtype=dtype)
+        prog = tg.capture(tape, loss(), backend=backend, dtype=dtype)
         prog.attach(opt)
         assert not prog.opt.whole or not all(prog.opt.touched)   # the per-parameter path, not the slab
         losses = [prog.episode() for _ in range(episodes)]
@@ -193,10 +193,11 @@ def linear_run(kind, program, dtype="float64", episodes=3):
     return losses, [np.array(tape.value(p)) for p in (w, u, v)], opt
 
 
-@pytest.mark.parametrize("kind,dtype", [(k, "float64") for k in OPTS] + [("sgd-optax-clip", "float32"),
-                                                                         ("adam-optax-clip", "float32")])
-def test_a_program_steps_each_touched_parameter_like_the_tape(kind, dtype):
-    got, gparams, gstate = linear_run(kind, True, dtype)
+@pytest.mark.parametrize("kind,dtype,backend", [(k, "float64", "numpy") for k in OPTS] + [
+    ("sgd-optax-clip", "float32", "numpy"), ("adam-optax-clip", "float32", "numpy"),
+    ("sgd-optax-clip", "float64", "native"), ("adam-hat-torch-clip", "float64", "native")])
+def test_a_program_steps_each_touched_parameter_like_the_tape(kind, dtype, backend):
+    got, gparams, gstate = linear_run(kind, True, dtype, backend)
     want, wparams, wopt = linear_run(kind, False, dtype)
     assert got == want
     for g, w in zip(gparams, wparams):

@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "build", "mutants")
 RT, XLA = "tapegrad/native/runtime.c", "interop/tg_xla.c"
 NATIVE = ["tests/test_native_reductions.py", "tests/test_tape_sweep.py", "tests/test_optim_continuity.py",
-          "tests/test_fuse.py", "tests/test_native.py", "tests/test_capture_inputs.py"]
+          "tests/test_fuse.py", "tests/test_native.py", "tests/test_capture_inputs.py", "tests/test_replay_paths.py"]
 INTEROP = ["tests/test_interop_edges.py", "tests/test_interop_program.py"]
 
 # (file, original text, mutated text, tests, what the bug is). Equivalent mutations carry "equivalent: why".
@@ -118,7 +118,7 @@ MUTATIONS = [
 def tree_files():
     out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.split("\n")
-    return [f for f in out if f and f.split("/")[0] in ("tapegrad", "interop", "tests", "pyproject.toml")]
+    return [f for f in out if f and f.split("/")[0] in ("tapegrad", "interop", "tests", "pyproject.toml", "conftest.py")]
 
 
 def copy_tree(work):

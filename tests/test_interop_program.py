@@ -76,7 +76,7 @@ class JitAndEagerTest(chex.TestCase):
     """The same program functions jitted and called eagerly: each against the tape, within its tier."""
 
     @chex.variants(with_jit=True, without_jit=True)
-    @parameterized.parameters(*BACKENDS)
+    @parameterized.parameters(*[(b,) for b in BACKENDS])   # tuples: a lone "numpy" would be one string
     def test_value_and_grad_match_the_tape(self, backend):
         loss, grads = self.variant(jax.value_and_grad(CALLS[backend], (0, 1)))(*ARGS)
         want = tape_reference(DATA[1][0], DATA[1][1])
@@ -86,7 +86,7 @@ class JitAndEagerTest(chex.TestCase):
         assert CALLS[backend].native == (backend == "native")
 
     @chex.variants(with_jit=True, without_jit=True)
-    @parameterized.parameters(*BACKENDS)
+    @parameterized.parameters(*[(b,) for b in BACKENDS])   # tuples: a lone "numpy" would be one string
     def test_episode_step_matches_the_tape(self, backend):
         prog = build(backend, optimizer=True)
         step = self.variant(interop.program_episode(prog))
@@ -169,6 +169,9 @@ def test_handler_errors_surface_with_its_message():
         jax.ffi.ffi_call(names["value"], spec)(ARGS[0], prog=h)
     with pytest.raises(Exception, match=r"operand 2 has 24 elements; the program's inputs\[0\] holds 20"):
         jax.ffi.ffi_call(names["value"], spec)(ARGS[0], ARGS[1], jnp.ones((6, 4)), ARGS[3], prog=h)
+    # the handler checks dtypes itself too (program_call checks them first; a direct call meets this one)
+    with pytest.raises(Exception, match=r"operand 1 has XLA dtype 11, the program runs in float64"):
+        jax.ffi.ffi_call(names["value"], spec)(ARGS[0], ARGS[1].astype(jnp.float32), ARGS[2], ARGS[3], prog=h)
     assert all(n.startswith("tapegrad_") and len(n.rsplit("_", 1)[1]) == 8 for n in names.values())
 
 

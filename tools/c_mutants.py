@@ -98,12 +98,12 @@ MUTATIONS = [
      "vmap: every loss written to element 0"),
     (XLA, "    if (grads) p->backward(in->run);", "    if (grads) p->forward(in->run);", INTEROP,
      "value_and_grad never runs backward"),
-    (XLA, "  in->sc[0] = es == 8 ? *(double *)cnt_in : (double)*(float *)cnt_in;", "  in->sc[0] = 0.0;", INTEROP,
+    (XLA, "  in->sc[0] = es == 8 ? *(double *)cnt_in : (double)*(float *)cnt_in;", "  in->sc[0] = 0.0; (void)cnt_in;", INTEROP,
      "episode ignores the count operand (Adam restarts its bias correction)"),
     (XLA, "  if (es == 8) *(double *)cnt = in->sc[0]; else *(float *)cnt = (float)in->sc[0];",
      "  if (es == 8) *(double *)cnt = in->sc[0] - 1.0; else *(float *)cnt = (float)in->sc[0];", INTEROP,
      "episode returns the count before the step"),
-    (XLA, "    if (b->dtype != want) {", "    if (0) {", INTEROP, "operand dtype unchecked"),
+    (XLA, "    if (b->dtype != want) {", "    if (0 && b->dtype != want) {", INTEROP, "operand dtype unchecked"),
     (XLA, "  if (!n || b * n != e || (B >= 0 && b != B)) {", "  if (!n || (B >= 0 && b != B)) {", INTEROP,
      "operand sizes that are not a multiple of the slot accepted"),
     (XLA, "  while (p && p->hash != hash) p = p->next;", "  while (p && p->hash == hash) p = p->next;", INTEROP,
@@ -139,9 +139,18 @@ def run_one(work, k):
                 "detail": f"the original text occurs {orig.count(old)} times (update the mutation)"}
     with open(full, "w") as f:
         f.write(orig.replace(old, new))
+    # the FFI handler falls back silently when it does not build (programs then run through a host callback),
+    # so a tg_xla.c mutation is first built on its own: one that does not compile is invalid, not killed
+    probe = "import sys; from interop import program as P; sys.exit(0 if P.native_library() else P._LIB['why'])"
     env = {**os.environ, "PYTHONPATH": work, "TAPEGRAD_CACHE": os.path.join(OUT, "cache"),
            "CC": os.path.join(ROOT, "tools", "cc_mutants")}   # -O0: same bits, compiles 20x faster
     try:
+        if path == XLA:
+            b = subprocess.run([sys.executable, "-c", probe], cwd=work, env={**env, "TAPEGRAD_WERROR": "1"},
+                               capture_output=True, text=True, timeout=900)
+            if b.returncode:
+                return {"index": k, "file": path, "what": what, "status": "invalid",
+                        "detail": (b.stdout + b.stderr).strip()[:160]}
         r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-W", "ignore",
                             *tests], cwd=work, env=env, capture_output=True, text=True, timeout=900)
         text, rc = r.stdout + r.stderr, r.returncode

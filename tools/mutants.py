@@ -50,7 +50,8 @@ MODULES = {
     "ops": ("tapegrad/ops.py", ["tests/test_ops.py", "tests/test_tape.py", "tests/test_native_reductions.py"]),
     "fuse": ("tapegrad/native/fuse.py", ["tests/test_fuse.py", "tests/test_fuse_edges.py", "tests/test_native_reductions.py"]),
     "codegen": ("tapegrad/native/codegen.py", ["tests/test_native.py", "tests/test_fuse.py", "tests/test_emit.py",
-                                               "tests/test_native_reductions.py", "tests/test_tape_sweep.py"]),
+                                               "tests/test_native_reductions.py", "tests/test_tape_sweep.py",
+                                               "tests/test_codegen_paths.py"]),
     "oracle": ("interop/oracle.py", ["tests/test_oracle_check_grads.py", "tests/test_interop_edges.py"]),
     "program": ("interop/program.py", ["tests/test_interop_program.py", "tests/test_interop_edges.py"]),
 }

@@ -1,0 +1,51 @@
+"""Code-generator paths the model tests miss: gradients into broadcast inputs over an axis of exactly two,
+a broadcast_to that changes nothing, and which elementwise kernels the CUDA dialect prints."""
+import re
+
+import numpy as np
+import pytest
+
+import tapegrad as tg
+from tapegrad.native import codegen, fuse
+from tapegrad.native.runner import layout
+
+RNG = np.random.default_rng(31)
+
+
+def wild(shape):
+    return RNG.standard_normal(shape) * 10.0 ** RNG.integers(-3, 3, shape)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_gradients_into_inputs_broadcast_over_an_axis_of_two_equal_the_tape(fused):
+    """b (1, 3) and c (2, 1) broadcast over axes of length 2 and 3 (NumPy sums them out); d goes through
+    broadcast_to its own shape, which needs no reduction at all; a receives g twice (fan-in)."""
+    tape = tg.Tape()
+    a, b = tape.param(wild((2, 3))), tape.param(wild((1, 3)))
+    c, d = tape.param(wild((2, 1))), tape.param(wild((2, 3)))
+    w = tape.const(wild((2, 3)))
+    t = (a * b + c) * w + tg.broadcast_to(d, (2, 3)) * a
+    u = (t + b) * (c - a)
+    loss = (u * u).sum()
+    tape.backward(loss)
+    prog = tg.capture(tape, loss, backend="native", fuse=fused)
+    assert float(prog.forward()) == float(tape.value(loss))
+    prog.backward()
+    for v in (a, b, c, d):
+        assert np.array_equal(prog.grad(v), tape.grad(v)), v
+
+
+def test_cuda_dialect_prints_a_kernel_for_every_elementwise_segment_and_no_other():
+    """Forward: a lone libm node (sin) and fused runs each get a kernel, the reduction none; backward
+    likewise (sin's derivative calls cos: a lone segment), each kernel named after its first node."""
+    tape = tg.Tape()
+    x, c = tape.param(wild((3, 4))), tape.const(wild((3, 4)))
+    h = (x * c).sin()
+    loss = (h * c + x).sum()
+    prog = tg.capture(tape, loss)
+    fwd, bwd = fuse.plan(prog, True)
+    text = codegen.Emitter(prog, layout(prog)[1], fwd, bwd, target="cuda").elementwise_kernels()
+    want = [f"tg_f{seg[0]}" for seg in fwd if prog.nodes[seg[0]][0].kind == "elementwise"] + \
+           [f"tg_b{seg[0][0]}" for seg in bwd if prog.nodes[seg[0][0]][0].kind == "elementwise"]
+    assert [len(seg) for seg in fwd] == [1, 1, 2, 1] and [len(seg) for seg in bwd] == [1, 2, 1, 1]
+    assert re.findall(r"__global__ void (\w+)\(", text) == want == ["tg_f2", "tg_f3", "tg_f4", "tg_b5", "tg_b3", "tg_b2"]

@@ -49,3 +49,11 @@ def test_cuda_dialect_prints_a_kernel_for_every_elementwise_segment_and_no_other
            [f"tg_b{seg[0][0]}" for seg in bwd if prog.nodes[seg[0][0]][0].kind == "elementwise"]
     assert [len(seg) for seg in fwd] == [1, 1, 2, 1] and [len(seg) for seg in bwd] == [1, 2, 1, 1]
     assert re.findall(r"__global__ void (\w+)\(", text) == want == ["tg_f2", "tg_f3", "tg_f4", "tg_b5", "tg_b3", "tg_b2"]
+
+
+def test_every_op_in_one_native_program_matches_the_tape_within_its_tier():
+    """test_native.py checks each op in its own test but builds all of them once in a shared fixture, so a
+    mutation tool that picks tests by the functions they call credits the code generator to the first
+    op's test alone; this test builds the same programs itself (a build-cache hit in a normal run)."""
+    from test_native import check_ops, every_op_programs
+    check_ops(every_op_programs())

@@ -35,6 +35,10 @@ def within(tier, got, want, bound=None):
 
 @pytest.fixture(scope="module")
 def all_cases():
+    return every_op_programs()
+
+
+def every_op_programs():
     """One tape holding every registry op on every one of its cases (one build for all of them)."""
     rng = np.random.default_rng(7)
     tape = tg.Tape()
@@ -60,10 +64,15 @@ def all_cases():
 def test_native_op_matches_tape_within_its_tier(op, all_cases):
     """exact/order ops: == (the C mirrors NumPy's arithmetic and its reduction order); libm and blas
     ops: the ULPS bound above."""
-    tape, items, progs = all_cases
+    check_ops(all_cases, op)
+
+
+def check_ops(cases, only=None):
+    """Every op of ``every_op_programs()`` (or ``only``) within its tier, fused == unfused."""
+    tape, items, progs = cases
     prog = progs[True]
-    for o, case, xs, y in items:
-        if o is not op:
+    for op, case, xs, y in items:
+        if only is not None and op is not only:
             continue
         assert within(op.tier, prog.value(y), tape.value(y), op.ulps), (op.name, case, "value")
         for v in xs:

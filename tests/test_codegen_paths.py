@@ -1,12 +1,13 @@
 """Code-generator paths the model tests miss: gradients into broadcast inputs over an axis of exactly two,
 a broadcast_to that changes nothing, and which elementwise kernels the CUDA dialect prints."""
+import dataclasses
 import re
 
 import numpy as np
 import pytest
 
 import tapegrad as tg
-from tapegrad.native import codegen, fuse
+from tapegrad.native import codegen, fuse, kernels
 from tapegrad.native.runner import layout
 
 RNG = np.random.default_rng(31)
@@ -57,3 +58,60 @@ def test_every_op_in_one_native_program_matches_the_tape_within_its_tier():
     op's test alone; this test builds the same programs itself (a build-cache hit in a normal run)."""
     from test_native import check_ops, every_op_programs
     check_ops(every_op_programs())
+
+
+def emitter(tape, loss):
+    prog = tg.capture(tape, loss)
+    return prog, codegen.Emitter(prog, layout(prog)[1], *fuse.plan(prog, True))
+
+
+def test_an_elementwise_op_without_a_c_expression_is_named_in_full():
+    tape = tg.Tape()
+    x = tape.param(wild((2, 3)))
+    loss = x.exp().sum()
+    prog, em = emitter(tape, loss)
+    k = prog.compute[0]
+    op, a, b, s = prog.nodes[k]
+    prog.nodes[k] = (dataclasses.replace(op, c_fwd=None), a, b, s)
+    with pytest.raises(tg.TapeError) as e:
+        em.emit()
+    assert str(e.value) == (f"exp (node {k}): the native backend has no C form of this elementwise op (its "
+                            "registry entry lacks c_fwd); use backend='numpy'")
+
+
+def test_an_op_without_a_backward_kernel_is_named_in_full(monkeypatch):
+    tape = tg.Tape()
+    x, w = tape.param(wild((2, 3))), tape.param(wild((3, 4)))
+    y = x @ w
+    prog, em = emitter(tape, y.sum())
+    monkeypatch.delitem(kernels.BACKWARD, "matmul")
+    with pytest.raises(tg.TapeError) as e:
+        em.emit()
+    assert str(e.value) == f"matmul (node {y.id}): the native backend has no backward kernel for this op"
+
+
+def test_a_rank_nine_program_sizes_the_runtimes_index_arrays_for_it():
+    """The runtime's index arrays hold 8 dimensions unless the program defines TG_MAXD."""
+    shape = (2, 1, 3, 1, 2, 1, 2, 1, 3)
+    tape = tg.Tape()
+    x = tape.param(wild(shape))
+    y = tg.transpose(x, tuple(reversed(range(9)))) * tape.const(wild(shape[::-1]))
+    loss = y.sum(axis=(0, 2, 4)).sum()
+    tape.backward(loss)
+    prog = tg.capture(tape, loss, backend="native")
+    assert "#define TG_MAXD 9" in prog.runner.source
+    assert float(prog.forward()) == float(tape.value(loss))
+    prog.backward()
+    assert np.array_equal(prog.grad(x), tape.grad(x))
+
+
+def test_zero_dimensional_window_updates_write_and_do_not_add():
+    tape = tg.Tape()
+    a, u = tape.param(np.array(5.0)), tape.param(np.array(-2.0))
+    y = tg.dynamic_update_slice(a, u, np.zeros(0, np.int64))
+    loss = y * 3.0 + tg.dynamic_slice(a * u, np.zeros(0, np.int64), ())
+    tape.backward(loss)
+    prog = tg.capture(tape, loss, backend="native")
+    assert float(prog.forward()) == float(tape.value(loss)) == -16.0
+    prog.backward()
+    assert [float(prog.grad(v)) for v in (a, u)] == [float(tape.grad(v)) for v in (a, u)]

@@ -255,13 +255,13 @@ class Emitter:
 
     def gather(self, dst, src, shape, st):
         if not shape:
-            return [f"{dst}[0] = {src}[0];"]
+            return [f"{_first(dst)} = {_first(src)};"]
         return [f"{{ static const long sh[] = {_arr(shape)}; static const long st[] = {_arr(st)}; "
                 f"tg_gather({dst}, {src}, {len(shape)}, sh, st); }}"]
 
     def scatter(self, dst, dstr, src, shape, first):
         if not shape:
-            return [f"{dst}[0] = {'' if first else dst + '[0] + '}{src}[0];"]
+            return [f"{_first(dst)} = {'' if first else _first(dst) + ' + '}{_first(src)};"]
         return [f"{{ static const long sh[] = {_arr(shape)}; static const long st[] = {_arr(dstr)}; "
                 f"tg_scatter({dst}, st, {src}, {len(shape)}, sh, {int(first)}); }}"]
 
@@ -332,6 +332,11 @@ class Emitter:
             raise TapeError(f"{at(n.name, k)}: the native backend has no backward kernel for this op")
         lines, done = f(n)
         return lines if done or first else lines + self.acc(n.j, "S0", False)
+
+
+def _first(ptr):
+    """The C for a pointer expression's first element: ``v3[0]``, or ``(g5 + off)[0]`` for an offset."""
+    return f"{ptr}[0]" if re.fullmatch(r"\w+", ptr) else f"({ptr})[0]"
 
 
 def _ptr_names(line):

@@ -82,7 +82,7 @@ def _window(starts, shape, sizes, body):
 
 def _fill(dst, sizes, shape):
     if not sizes:
-        return [f"{dst}[0] = R(0.0);"]
+        return [f"({dst})[0] = R(0.0);"]   # dst may be an offset expression (``S0 + off``)
     return [f"tg_window_fill({dst}, {len(sizes)}, wz, st, R(0.0));"]
 
 

@@ -115,3 +115,55 @@ def test_zero_dimensional_window_updates_write_and_do_not_add():
     assert float(prog.forward()) == float(tape.value(loss)) == -16.0
     prog.backward()
     assert [float(prog.grad(v)) for v in (a, u)] == [float(tape.grad(v)) for v in (a, u)]
+
+
+def test_data_inputs_at_node_zero_keep_their_c_types():
+    """Node 0 is a bool mask and node 1 integer indices: their buffers are declared as data, and every
+    scratch or gradient buffer (S0, g1…) as real, whatever the node with the same number holds."""
+    tape = tg.Tape()
+    mask, idx = tape.const(np.array([[True, False, True], [False, True, True]])), tape.const(np.array([2, 0, 2]))
+    x, y = tape.param(wild((3, 3))), tape.param(wild((2, 3)))
+    rows = tg.take(x, idx)                       # x gathered twice into row 0 and 2: a scatter-add through S0
+    t = tg.where(mask, rows[:2] * y, y - rows[1:])
+    loss = (t * t).sum() + (rows * rows).sum()
+    tape.backward(loss)
+    prog = tg.capture(tape, loss, backend="native")
+    assert "const unsigned char *restrict v0" in prog.runner.source
+    assert "const long long *restrict v1" in prog.runner.source
+    assert float(prog.forward()) == float(tape.value(loss))
+    prog.backward()
+    for v in (x, y):
+        assert np.array_equal(prog.grad(v), tape.grad(v))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_both_inputs_broadcast_and_a_constant_first_operand(fused):
+    """b (1, 3) · c (2, 1): both contributions need their own scratch row and reduction; w · a with w a
+    constant: only the b side is differentiated."""
+    tape = tg.Tape()
+    a, b, c = tape.param(wild((2, 3))), tape.param(wild((1, 3))), tape.param(wild((2, 1)))
+    w = tape.const(wild((2, 3)))
+    t = b * c + w * a
+    loss = (t * (t - a)).sum()
+    tape.backward(loss)
+    prog = tg.capture(tape, loss, backend="native", fuse=fused)
+    assert float(prog.forward()) == float(tape.value(loss))
+    prog.backward()
+    for v in (a, b, c):
+        assert np.array_equal(prog.grad(v), tape.grad(v)), v
+
+
+def test_float32_programs_print_float32_literals():
+    """x · 0.1 in float32 is x · 0.1f; in double, then rounded, it differs for many x."""
+    tape = tg.Tape(np.float32)
+    x = tape.param(np.linspace(-3.0, 3.0, 64))
+    y = x * 0.1 + 0.3
+    loss = (y * y).sum()
+    tape.backward(loss)
+    prog = tg.capture(tape, loss, backend="native", dtype="float32", fuse=False)
+    prog.forward()
+    prog.backward()
+    assert prog.value(y).dtype == np.float32
+    assert np.array_equal(prog.value(y), tape.value(y)) and np.array_equal(prog.grad(x), tape.grad(x))
+    want64 = (tape.value(x).astype(np.float64) * 0.1 + 0.3).astype(np.float32)
+    assert not np.array_equal(want64, tape.value(y))    # the difference is observable with these values

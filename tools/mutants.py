@@ -100,7 +100,10 @@ def prepare(name):
                 "use_git_change_detection = false\n"
                 # JAX (imported by the interop and op-family tests) starts threads: children forked from a
                 # process that ran JAX can deadlock, so they fork from a server that has only collected the tests.
-                f'process_isolation = "{"forkserver" if name in FORKSERVER else "fork"}"\n')
+                f'process_isolation = "{"forkserver" if name in FORKSERVER else "fork"}"\n'
+                # a forkserver child starts with JAX's compile caches empty, so its tests run far slower than
+                # mutmut's estimate (measured in one warm process): without this every mutant "timed out"
+                + ("timeout_constant = 10.0\n" if name in FORKSERVER else ""))
     return work
 
 

@@ -71,6 +71,9 @@ DESELECT = {
     "optim": [NO_ALLOC],
 }
 FORKSERVER = {"oracle", "program", "codegen", "ops"}
+# imported by the fork server (none of them starts JAX's backend, which forked children would inherit dead)
+PRELOAD = ["numpy", "scipy", "scipy.linalg", "jax", "jax.numpy", "chex", "optax", "hypothesis", "pytest",
+           "absl.testing.parameterized"]
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
           24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault"}
 KILLED = {"killed", "timeout", "segfault"}
@@ -101,9 +104,14 @@ def prepare(name):
                 # JAX (imported by the interop and op-family tests) starts threads: children forked from a
                 # process that ran JAX can deadlock, so they fork from a server that has only collected the tests.
                 f'process_isolation = "{"forkserver" if name in FORKSERVER else "fork"}"\n'
-                # a forkserver child starts with JAX's compile caches empty, so its tests run far slower than
-                # mutmut's estimate (measured in one warm process): without this every mutant "timed out"
-                + ("timeout_constant = 10.0\n" if name in FORKSERVER else ""))
+                # The server must not start JAX's backend either, and collecting the interop tests would
+                # (module-level jnp arrays): it only imports the libraries, each child collects for itself.
+                # A child then compiles its JAX functions cold, far slower than mutmut's warm estimate.
+                + ('forkserver_warmup = "import"\npreload_modules_file = "mutmut_preload.txt"\n'
+                   "timeout_constant = 10.0\n" if name in FORKSERVER else ""))
+    if name in FORKSERVER:
+        with open(os.path.join(work, "mutmut_preload.txt"), "w") as f:
+            f.write("\n".join(PRELOAD) + "\n")
     return work
 
 

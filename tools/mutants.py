@@ -52,7 +52,8 @@ MODULES = {
     "codegen": ("tapegrad/native/codegen.py", ["tests/test_native.py", "tests/test_fuse.py", "tests/test_emit.py",
                                                "tests/test_native_reductions.py", "tests/test_tape_sweep.py",
                                                "tests/test_codegen_paths.py"]),
-    "oracle": ("interop/oracle.py", ["tests/test_oracle_check_grads.py", "tests/test_interop_edges.py"]),
+    "oracle": ("interop/oracle.py", ["tests/test_oracle_check_grads.py", "tests/test_interop_edges.py",
+                                     "tests/test_oracle_reports.py"]),
     "program": ("interop/program.py", ["tests/test_interop_program.py", "tests/test_interop_edges.py"]),
 }
 # Tests that cannot pass under mutmut: the tape reports the first stack frame outside the tapegrad package as

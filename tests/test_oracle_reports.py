@@ -1,0 +1,34 @@
+"""The oracle's report texts, whole: kinks, divergences and precision notes with and without a location,
+and the message naming primitives that cannot be replayed (each kind of reason)."""
+import pytest
+
+pytest.importorskip("interop")
+from interop import oracle  # noqa: E402
+
+
+def test_a_kink_names_its_step_and_where_it_sits_only_when_nested():
+    k = oracle.Kink(index=3, eqn="b = max a 0.0", elements=2, jax="d/dx = 0", tape="d/dx = 0.5", detail="ties")
+    assert str(k) == ("equation 3: b = max a 0.0: gradients differ at 2 element(s), all at a kink (ties); JAX gives "
+                      "d/dx = 0, the tape gives d/dx = 0.5")
+    k.where = "scan (step 2) › iteration 1"
+    assert str(k) == ("equation 3 in scan (step 2) › iteration 1: b = max a 0.0: gradients differ at 2 element(s), "
+                      "all at a kink (ties); JAX gives d/dx = 0, the tape gives d/dx = 0.5")
+
+
+def test_a_divergence_and_a_precision_note_read_whole():
+    d = oracle.Divergence(index=7, eqn="c = tanh b", kind="vjp", max_abs=0.00125, max_rel=3e-9)
+    assert str(d) == "equation 7 (vjp): c = tanh b  max|Δ|=0.00125  rel=3e-09"
+    d.where = "cond (step 4) › branch 1"
+    assert str(d) == "equation 7 in cond (step 4) › branch 1 (vjp): c = tanh b  max|Δ|=0.00125  rel=3e-09"
+    p = oracle.Precision(dtype="float32", eqn="c = convert_element_type b", index=2, bound=0.000346)
+    assert str(p) == "computes in float32 from equation 2 (c = convert_element_type b): compared at √eps(float32) = 0.00035"
+
+
+def test_unsupported_primitives_are_named_with_each_kind_of_reason():
+    found = {"fft": ["fft", "ifft"], "custom_thing": "a custom rule tapegrad cannot see", "bessel_i1e": [],
+             "zeta": None}
+    assert oracle._unsupported_message(found) == (
+        "check_grads: cannot replay ['bessel_i1e', 'custom_thing', 'fft', 'zeta'] on a tape (applied to values "
+        "that depend on the differentiated arguments): bessel_i1e; custom_thing (a custom rule tapegrad cannot "
+        "see); fft (needs tg.fft, tg.ifft, which this tapegrad lacks); zeta. Everything computed from constants, "
+        "integers or keys only is evaluated by JAX; interop.oracle.primitive_table() lists what replays")

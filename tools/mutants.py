@@ -71,7 +71,7 @@ DESELECT = {
     "replay": [NO_ALLOC],
     "optim": [NO_ALLOC],
 }
-FORKSERVER = {"oracle", "program", "codegen", "ops"}
+FORKSERVER = {"oracle", "program", "codegen"}   # ops: its tests (test_ops, test_tape, test_native_reductions) never run JAX
 # imported by the fork server (none of them starts JAX's backend, which forked children would inherit dead)
 PRELOAD = ["numpy", "scipy", "scipy.linalg", "jax", "jax.numpy", "chex", "optax", "hypothesis", "pytest",
            "absl.testing.parameterized"]

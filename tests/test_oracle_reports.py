@@ -32,3 +32,4 @@ def test_unsupported_primitives_are_named_with_each_kind_of_reason():
         "that depend on the differentiated arguments): bessel_i1e; custom_thing (a custom rule tapegrad cannot "
         "see); fft (needs tg.fft, tg.ifft, which this tapegrad lacks); zeta. Everything computed from constants, "
         "integers or keys only is evaluated by JAX; interop.oracle.primitive_table() lists what replays")
+

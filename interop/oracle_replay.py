@@ -219,7 +219,7 @@ class Plan:
         """
         from .oracle_rules import CONSTANT, PER_OPERAND, VALUE_RULES
         tainted = set(tainted_ins)
-        slots, steps = set(self.out_slots) - {s for s in self.out_slots if isinstance(s, Literal)}, set()
+        slots, steps = {s for s in self.out_slots if not isinstance(s, Literal)}, set()   # Literals are unhashable
         for k, st in enumerate(self.steps):
             name = st.eqn.primitive.name
             ins = [s for s in st.ins if not isinstance(s, Literal)]

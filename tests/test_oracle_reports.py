@@ -33,3 +33,26 @@ def test_unsupported_primitives_are_named_with_each_kind_of_reason():
         "see); fft (needs tg.fft, tg.ifft, which this tapegrad lacks); zeta. Everything computed from constants, "
         "integers or keys only is evaluated by JAX; interop.oracle.primitive_table() lists what replays")
 
+
+
+def test_assert_grads_passes_every_option_on_to_check_grads():
+    import interop
+    from interop import jax, jnp
+
+    @jax.custom_vjp
+    def off(x, y):
+        return x * y
+
+    # wrong by 1e-9 relative on x, right on y
+    off.defvjp(lambda x, y: (x * y, (x, y)), lambda res, g: (g * res[1] * (1 + 1e-9), g * res[0]))
+    x, y = jnp.linspace(0.5, 1.5, 4), jnp.linspace(-1.0, 2.0, 4)
+    f = lambda x, y: off(x, y).sum()  # noqa: E731
+    with pytest.raises(interop.GradientMismatchError):
+        interop.assert_grads(f, x, y)
+    assert interop.assert_grads(f, x, y, argnums=1).ok                 # only y is judged
+    assert interop.assert_grads(f, x, y, rtol=1e-6).ok                 # within a looser bound
+    # an aux holding a Python int (a literal in the jaxpr) used to crash the replay: unhashable Literal
+    r = interop.assert_grads(lambda x: (jnp.sum(x * x), {"n": x.size}), x, has_aux=True)
+    assert r.aux == {"n": 4}
+    r = interop.assert_grads(lambda x: jnp.sum(jax.nn.relu(x)), jnp.array([0.0, 1.0]))   # kinks allowed by default
+    assert r.verdict == "kink"

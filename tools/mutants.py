@@ -77,7 +77,9 @@ FORKSERVER = {"oracle", "program", "codegen"}   # ops: its tests (test_ops, test
 # imported by the fork server (none of them starts JAX's backend, which forked children would inherit dead)
 PRELOAD = ["numpy", "scipy", "scipy.linalg", "jax", "jax.numpy", "chex", "optax", "hypothesis", "pytest",
            "absl.testing.parameterized"]
-STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
+# pytest's 2 (interrupted: a collection error) counts as killed: a mutant that breaks a test module's setup
+# (e.g. the FFI handler's source, built when the interop tests are imported) fails those tests.
+STATUS = {1: "killed", 2: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
           24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault"}
 KILLED = {"killed", "timeout", "segfault"}
 

@@ -56,3 +56,24 @@ def test_assert_grads_passes_every_option_on_to_check_grads():
     assert r.aux == {"n": 4}
     r = interop.assert_grads(lambda x: jnp.sum(jax.nn.relu(x)), jnp.array([0.0, 1.0]))   # kinks allowed by default
     assert r.verdict == "kink"
+
+
+def test_a_report_reads_whole_for_every_verdict():
+    base = dict(ok=True, grads=None, jax_grads=None, value=1.5, jax_value=1.25, max_abs=(0.0, 2e-13),
+                max_rel=(0.0, 1e-13), rtol=1e-12, n_eqns=3, bound=1e-12, error=1e-13, leaves=("x", "y"))
+    rows = "\n  x: max|Δ|=0 rel=0\n  y: max|Δ|=2e-13 rel=1e-13"
+    for verdict, word in (("agree", "ok"), ("kink", "ok (differences only at kinks)"), ("mismatch", "MISMATCH"),
+                          ("nonfinite", "NOT CHECKED (not finite on either side)")):
+        assert str(oracle.GradReport(verdict=verdict, **base)) == (
+            f"check_grads: {word} (gradient error 1e-13, bound 1e-12; 3 equations replayed; value 1.5 vs jax 1.25)"
+            + rows)
+    r = oracle.GradReport(verdict="mismatch", notes=["one", "two"],
+                          precision=oracle.Precision("float32", "c = tanh b", 2, 0.000346),
+                          kinks=[oracle.Kink(1, "b = max a 0.0", 1, "0", "0.5", "ties")],
+                          first_divergence=oracle.Divergence(4, "d = mul c c", "value", 1.0, 0.5), **base)
+    assert str(r).split("\n")[3:] == [
+        "  precision: computes in float32 from equation 2 (c = tanh b): compared at √eps(float32) = 0.00035",
+        "  kink: equation 1: b = max a 0.0: gradients differ at 1 element(s), all at a kink (ties); JAX gives 0, "
+        "the tape gives 0.5",
+        "  first divergence: equation 4 (value): d = mul c c  max|Δ|=1  rel=0.5",
+        "  note: one", "  note: two"]

@@ -87,7 +87,8 @@ KILLED = {"killed", "timeout", "segfault"}
 def tracked_files():
     out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout.split("\n")
-    return [f for f in out if f and f.split("/")[0] in ("tapegrad", "interop", "tests", "pyproject.toml", "conftest.py")]
+    return [f for f in out if f and f.split("/")[0] in ("tapegrad", "interop", "tests", "pyproject.toml", "conftest.py",
+                                                            "README.md")]
 
 
 def prepare(name):
@@ -104,7 +105,7 @@ def prepare(name):
                 f"source_paths = [{json.dumps(src)}]\n"
                 f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
                 f"pytest_add_cli_args = {json.dumps(args)}\n"
-                'also_copy = ["tapegrad", "interop", "tests", "conftest.py"]\n'   # conftest.py: JAX in 64-bit mode
+                'also_copy = ["tapegrad", "interop", "tests", "conftest.py", "README.md"]\n'   # conftest: JAX x64
                 "use_git_change_detection = false\n"
                 # JAX (imported by the interop and op-family tests) starts threads: children forked from a
                 # process that ran JAX can deadlock, so they fork from a server that has only collected the tests.

@@ -510,3 +510,35 @@ def test_products_split_over_xlas_thread_pool_give_the_same_bits(monkeypatch):
         eps.append((loss, s))
     bits(*eps)
     assert P.stats(prog)["splits"] > 0 or os.cpu_count() == 1   # XLA's pool has a thread per core
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+def test_attaching_again_repoints_the_ffi_entry_or_retires_the_old_configuration():
+    """The same configuration attached again keeps the program's hash: the jitted step keeps running (on
+    the new state). Another configuration changes the hash: the old entry is dropped, so an executable
+    traced for it fails with an XLA error instead of running on stale buffers."""
+    tape = tg.Tape()
+    W, b = tape.param(W0, name="W"), tape.param(B0)
+    loss = model(tape, W, b, tape.const(DATA[0][0]), tape.const(DATA[0][1]))
+    prog = tg.capture(tape, loss, backend="native")
+
+    def sgd(lr):
+        opt = tg.SGD(lr)
+        opt.add(tape, W)
+        opt.add(tape, b)
+        return opt
+    prog.attach(sgd(0.1))
+    step = jax.jit(interop.program_episode(prog))
+    params, state = interop.episode_state(prog)
+    batch = (jnp.asarray(DATA[1][0]), jnp.asarray(DATA[1][1]))
+    first = step(params, state, batch)
+    h = prog.hash64
+    prog.attach(sgd(0.1))                       # same configuration: re-pointed, still callable
+    assert prog.hash64 == h and P.stats(prog) is not None
+    again = step(params, state, batch)
+    chex.assert_trees_all_equal(again, first)
+    prog.attach(sgd(0.05))                      # another configuration: the old entry is gone
+    assert prog.hash64 != h
+    with pytest.raises(Exception, match="is not loaded in this process"):
+        jax.block_until_ready(step(params, state, batch))
+    assert P.unload(h) is False

@@ -56,7 +56,8 @@ def gradcheck(fn: Callable[..., Var], *arrays: ArrayLike, eps: float = 1e-6, rto
             fd = (f(plus) - f(minus)) / (2 * eps)
             an = float(np.sum(grads[k] * u))
             err = abs(fd - an) / (atol / rtol + max(abs(fd), abs(an)))
-            worst = max(worst, err)
+            if not err <= worst:   # a NaN too: max(worst, nan) would keep worst and pass a NaN gradient
+                worst = err
         errors.append(worst)
     worst_input = int(np.argmax(errors)) if errors else -1
     return GradcheckReport(all(e <= rtol for e in errors), tuple(errors), worst_input, grads)

@@ -49,6 +49,7 @@ def test_reshape_and_broadcast_to_shapes():
 def test_slice_shapes_at_their_bounds():
     assert O.slice_shape((5,), None, ((4, 0, -1),)) == (4,)
     assert O.slice_shape((5,), None, ((0, 5, 2),)) == (3,)
+    assert O.slice_shape((5, 4), None, ((1, 4), (0, 4, 3))) == (3, 2)     # (start, stop) means step 1
     assert bad(O.slice_shape, (5, 2), None, ((0, 5),)) == "expected one (start, stop[, step]) per axis of (5, 2), got 1"
     assert bad(O.slice_shape, (5,), None, ((0, 5, 0),)) == "axis 0: range 0:5:0 is empty or outside 0:5"
     assert bad(O.slice_shape, (5,), None, ((5, 6, 2),)) == "axis 0: range 5:6:2 is empty or outside 0:5"

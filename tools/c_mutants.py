@@ -20,6 +20,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "build", "mutants")
 RT, XLA = "tapegrad/native/runtime.c", "interop/tg_xla.c"
+SS = "tapegrad/native/step_scalars.c"   # Adam's step scalars: the native runtime's and the GPU handler's
 NATIVE = ["tests/test_native_reductions.py", "tests/test_tape_sweep.py", "tests/test_optim_continuity.py",
           "tests/test_fuse.py", "tests/test_native.py", "tests/test_capture_inputs.py"]
 INTEROP = ["tests/test_interop_edges.py", "tests/test_interop_program.py"]
@@ -65,10 +66,10 @@ MUTATIONS = [
     (RT, "                    c[p] = g[p] - t;", "                    c[p] = t - g[p];", NATIVE,
      "logsoftmax backward with the sign flipped"),
     (RT, "    double count = sc[0] + 1.0;", "    double count = sc[0];", NATIVE, "the step count does not advance"),
-    (RT, "        double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b2, count);",
-     "        double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b1, count);", NATIVE,
+    (SS, "    double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b2, count);",
+     "    double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b1, count);", NATIVE + ["tests/test_gpu_handler.py"],
      "Adam: the second bias correction uses b1"),
-    (RT, "            sc[1] = lr * sqrt(bc2) / bc1;", "            sc[1] = lr * sqrt(bc1) / bc2;", NATIVE,
+    (SS, "        s[0] = lr * sqrt(bc2) / bc1;", "        s[0] = lr * sqrt(bc1) / bc2;", NATIVE + ["tests/test_gpu_handler.py"],
      "Adam (hat): bias corrections swapped"),
     (RT, "        if (!p[6])\n            continue;\n        real *w = TG_B(p[0])",
      "        real *w = TG_B(p[0])", NATIVE, "equivalent: preparing gt for an untouched parameter is harmless, the norm and update loops skip it"),

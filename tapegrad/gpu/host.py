@@ -123,6 +123,13 @@ class HostRunner(LaunchRunner):
             return (p.opt.mu if kind == "M" else p.opt.nu)[k].reshape(-1)
         return self.scratch.setdefault(k, np.zeros(self.cp.scratch_size, p.dtype))
 
+    def handles(self):
+        """The pointer table (address, length, entries), control buffer and device, as
+        ``CupyRunner.handles`` gives them: a test that drives the GPU custom call's handler on the host
+        (a stand-in driver whose graph launch runs this runner's launch lists) adds ``graph``/``settab``."""
+        return {"table": self.vt.ctypes.data, "table_len": len(self.cp.buffers), "ctl": self.ctl.ctypes.data,
+                "device": 0, "vt": self.vt.copy()}
+
     def write_ctl(self, sc):
         self.ctl[:] = 0.0
         self.ctl[:len(sc)] = sc

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from .. import ops as O
 from .. import ordered
-from . import rowspace
+from . import rowspace, source_index, source_scan
 from ..errors import TapeError, at
 from ..native.codegen import expr_of
 from ..native.expr import RUNTIME_FUNCS, calls, dialect
@@ -78,6 +78,7 @@ class CudaProgram:
         self.kernels = []
         self.scratch_size = 1
         self.pairwise = False   # set when a kernel calls tg_pw (then its definition is emitted)
+        self.sort_helper = False   # set when a kernel sorts (then tg_argsort_line is emitted)
         self.settab = f"{self.prefix}settab"
         for k in prog.compute:
             op = prog.nodes[k][0]
@@ -418,7 +419,8 @@ class CudaProgram:
             "#define TG_PHASE(n) 1",
             "#define TG_BARRIER() __syncthreads()",
             "#endif",
-            ""] + (self._pairwise() if self.pairwise else []) + self.kernels + [
+            ""] + (self._pairwise() if self.pairwise else []) + (source_scan.argsort_source() if self.sort_helper
+                                                                  else []) + self.kernels + [
             "#ifndef TG_HOST",
             "/* settab: point table entries at other buffers (an XLA custom call's operands), before a graph replay;",
             "   the addresses travel as a by-value kernel parameter, so nothing on the host outlives the launch */",
@@ -583,3 +585,6 @@ _FORWARD = {"matmul": _matmul_fwd, "matmul_ordered": _matmul_fwd, "sum": _reduce
 _BACKWARD = {"matmul": _matmul_d, "matmul_ordered": _matmul_d, "sum": _spread_da, "mean": _spread_da,
              "sum_ordered": _spread_da, "mean_ordered": _spread_da, "reshape": _reshape_da,
              "transpose": _transpose_da, "broadcast_to": _broadcast_da, "softmax_xent": _xent_d}
+for _family in (source_index, source_scan):
+    _FORWARD.update(_family.FORWARD)
+    _BACKWARD.update(_family.BACKWARD)

@@ -19,6 +19,11 @@ operand pattern plus six composites), it
      must again be bit-exact, elsewhere the ulp distance is reported and ``device_close`` is asserted;
    - the C body shows what contraction does: the count of inputs whose result differs from the tape.
 
+5. (``gpu_handler_check.py``) runs the GPU custom call's C handler ``tg_gpu_episode`` on the device with
+   a driver executable in XLA's place (its own buffers, stream and call frames): the episodes it runs
+   == the ordered CPU tape, the pointer table is restored, µs per call beside the bare graph replay.
+   It needs jax's ``c_api.h`` (an installed jax, or ``--ffi-include DIR``) and gcc; without them it says so.
+
 4. (``gpu_programs.py``) builds the generated CUDA program of an MLP training episode (Adam, mse; sizes
    tiny…large) into an executable per variant and checks: ordered GPU program == the ordered CPU tape,
    fused == per-node, the cuBLAS-GEMM program within rtol 1e-10 of the native CPU backend; it reports
@@ -66,6 +71,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import test_emit as T  # noqa: E402  (the oracle's programs, sampler, tape recorder and libm call table)
 sys.path.insert(0, str(ROOT / "experiments"))
 import gpu_programs as GP  # noqa: E402  (the captured MLP program's CUDA source on the device)
+import gpu_handler_check as GH  # noqa: E402  (the GPU custom call's C handler on the device, XLA played by a driver)
 
 EPS = np.finfo(np.float64).eps
 THREADS = 128
@@ -517,7 +523,8 @@ def programs(args, out):
                   f"{'yes' if r.returncode == 0 else 'NO: ' + r.stderr[-500:]}")
         if r.returncode:
             failed.append("device build")
-    return ["", f"## captured MLP programs ({time.time() - t:.1f}s)", ""] + md, failed
+    hmd, hfailed = GH.run(work / "handler", NVCC, args.dry, args.arch, args.ffi_include)
+    return ["", f"## captured MLP programs ({time.time() - t:.1f}s)", ""] + md + hmd, failed + hfailed
 
 
 def main(argv=None):
@@ -530,6 +537,8 @@ def main(argv=None):
     ap.add_argument("--out", type=pathlib.Path, help="directory for sources, PTX and report.md")
     ap.add_argument("--programs", default=None, help="MLP sizes for the program check, comma-separated "
                                                      "(tiny,small,medium,large; default: all on a GPU, tiny with --dry)")
+    ap.add_argument("--ffi-include", default=None, help="folder holding xla/ffi/api/c_api.h for the handler check "
+                                                         "(default: the installed jax's)")
     args = ap.parse_args(argv)
     out = args.out or pathlib.Path(tempfile.mkdtemp(prefix="gpu_check_"))
     out.mkdir(parents=True, exist_ok=True)

@@ -78,15 +78,8 @@ def _optimizer(program):
 
 def slots(program, cp=None):
     """The pointer-table entry of every operand (params, Adam moments, -1 for count, inputs) and the loss's."""
-    cp = cp or _cuda_program(program)
-    o = program.opt
-    out = [cp.index.get(("v", k), -1) for k in program.params]
-    if o.kind == "Adam":
-        for j in range(len(o.ids)):
-            out += [cp.index.get(("M", j), -1), cp.index.get(("N", j), -1)]
-    out.append(-1)   # count: read by the handler, never by a kernel
-    out += [cp.index.get(("v", k), -1) for k in program.consts]
-    return np.array(out, np.int64), int(cp.index[("v", program.loss_id)])
+    table_slots, loss_slot = (cp or _cuda_program(program)).operand_slots()
+    return np.array(table_slots, np.int64), int(loss_slot)
 
 
 def program_episode_gpu(program, *, handles=None):

@@ -447,6 +447,19 @@ class CudaProgram:
                 "    long n2 = n / 2;", "    n2 -= n2 % 8;",
                 f"    return {add('tg_pw(a, n2)', 'tg_pw(a + n2, n - n2)')};", "}", ""]
 
+    def operand_slots(self):
+        """The table entry of each operand of the GPU episode custom call — params, Adam's moments
+        (mu_j, nu_j per attached parameter), -1 for the step count, inputs; -1 where no kernel reads the
+        operand — and the loss's entry (``interop.gpu_call``)."""
+        p, o = self.p, self.p.opt
+        out = [self.index.get(("v", k), -1) for k in p.params]
+        if o is not None and o.kind == "Adam":
+            for j in range(len(o.ids)):
+                out += [self.index.get(("M", j), -1), self.index.get(("N", j), -1)]
+        out.append(-1)   # count: read by the handler, never by a kernel
+        out += [self.index.get(("v", k), -1) for k in p.consts]
+        return out, self.index[("v", p.loss_id)]
+
     def launches(self):
         """Kernel launches per episode (forward + backward + step; cuBLAS calls counted as one each)."""
         return len(self.forward) + len(self.backward) + len(self.step)

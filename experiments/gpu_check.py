@@ -19,6 +19,10 @@ operand pattern plus six composites), it
      must again be bit-exact, elsewhere the ulp distance is reported and ``device_close`` is asserted;
    - the C body shows what contraction does: the count of inputs whose result differs from the tape.
 
+6. (``gpu_ops_check.py``) runs the index and scan families' kernels (every registry case of take,
+   take_along_axis, index_add, index_set, the dynamic slices, cumsum, cumprod, cummax, sort) forward and
+   backward on the device: every value and gradient == the native CPU program.
+
 5. (``gpu_handler_check.py``) runs the GPU custom call's C handler ``tg_gpu_episode`` on the device with
    a driver executable in XLA's place (its own buffers, stream and call frames): the episodes it runs
    == the ordered CPU tape, the pointer table is restored, µs per call beside the bare graph replay.
@@ -72,6 +76,7 @@ import test_emit as T  # noqa: E402  (the oracle's programs, sampler, tape recor
 sys.path.insert(0, str(ROOT / "experiments"))
 import gpu_programs as GP  # noqa: E402  (the captured MLP program's CUDA source on the device)
 import gpu_handler_check as GH  # noqa: E402  (the GPU custom call's C handler on the device, XLA played by a driver)
+import gpu_ops_check as GO  # noqa: E402  (the index and scan families' kernels on the device)
 
 EPS = np.finfo(np.float64).eps
 THREADS = 128
@@ -524,7 +529,9 @@ def programs(args, out):
         if r.returncode:
             failed.append("device build")
     hmd, hfailed = GH.run(work / "handler", NVCC, args.dry, args.arch, args.ffi_include)
-    return ["", f"## captured MLP programs ({time.time() - t:.1f}s)", ""] + md + hmd, failed + hfailed
+    omd, ofailed = GO.run(work / "family", NVCC, args.dry, args.arch)
+    return (["", f"## captured MLP programs ({time.time() - t:.1f}s)", ""] + md + hmd + omd,
+            failed + hfailed + ofailed)
 
 
 def main(argv=None):

@@ -530,8 +530,24 @@ def programs(args, out):
             failed.append("device build")
     hmd, hfailed = GH.run(work / "handler", NVCC, args.dry, args.arch, args.ffi_include)
     omd, ofailed = GO.run(work / "family", NVCC, args.dry, args.arch)
-    return (["", f"## captured MLP programs ({time.time() - t:.1f}s)", ""] + md + hmd + omd,
-            failed + hfailed + ofailed)
+    jmd, jfailed = jax_tests(args.dry)
+    return (["", f"## captured MLP programs ({time.time() - t:.1f}s)", ""] + md + hmd + omd + jmd,
+            failed + hfailed + ofailed + jfailed)
+
+
+def jax_tests(dry):
+    """The JAX side on the GPU: tests/test_gpu_jax.py (the jitted CUDA custom call == the native program) and
+    tests/test_dlpack_gpu.py (CuPy <-> JAX without copies, stream-ordered). They need CuPy and JAX's CUDA
+    backend and skip without them; the report says which."""
+    head = ["", "## JAX on the GPU: the custom call under jax.jit, DLPack with CuPy", ""]
+    if dry:
+        return head + ["- not run: no GPU (dry run); on the CPU these tests skip"], []
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        str(ROOT / "tests" / "test_gpu_jax.py"), str(ROOT / "tests" / "test_dlpack_gpu.py")],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    tail = [line for line in r.stdout.strip().splitlines() if line.strip()][-6:]
+    return head + ["```"] + tail + ["```"], ([] if r.returncode == 0 else ["JAX/CuPy GPU tests"])
 
 
 def main(argv=None):

@@ -19,9 +19,10 @@ operand pattern plus six composites), it
      must again be bit-exact, elsewhere the ulp distance is reported and ``device_close`` is asserted;
    - the C body shows what contraction does: the count of inputs whose result differs from the tape.
 
-6. (``gpu_ops_check.py``) runs the index and scan families' kernels (every registry case of take,
-   take_along_axis, index_add, index_set, the dynamic slices, cumsum, cumprod, cummax, sort) forward and
-   backward on the device: every value and gradient == the native CPU program.
+6. (``gpu_ops_check.py``) runs the index and scan families' kernels and slice's, concat's, max/min/prod's
+   (every registry case of take, take_along_axis, index_add, index_set, the dynamic slices, cumsum,
+   cumprod, cummax, sort, slice, concat, max, min, prod) forward and backward on the device: every value
+   and gradient == the native CPU program.
 
 5. (``gpu_handler_check.py``) runs the GPU custom call's C handler ``tg_gpu_episode`` on the device with
    a driver executable in XLA's place (its own buffers, stream and call frames): the episodes it runs

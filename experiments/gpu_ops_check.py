@@ -1,7 +1,7 @@
-"""The index and scan families' CUDA kernels on the device: part of ``gpu_check.py``.
+"""The index and scan families' CUDA kernels (and slice, concat, max, min, prod) on the device: part of ``gpu_check.py``.
 
 One program holds every registry case of take, take_along_axis, index_add, index_set, dynamic_slice,
-dynamic_update_slice, cumsum, cumprod, cummax and sort (``tests/test_gpu_ops.py``'s ``every_case``,
+dynamic_update_slice, cumsum, cumprod, cummax, sort, slice, concat, max, min and prod (``tests/test_gpu_ops.py``'s ``every_case``,
 ordered mode). Its CUDA source gets a ``main`` that loads every buffer, runs the forward and backward
 launch lists once and writes every buffer back; nvcc builds it for the device (``--dry``: g++ under the
 grid-emulation prelude, run on the host). Claim: every value and gradient == the native CPU program.
@@ -100,7 +100,8 @@ def run(work, nvcc, dry, arch="sm_90"):
     """(markdown lines, failures): the family program on the device (or the host emulation with ``dry``)."""
     work = pathlib.Path(work)
     work.mkdir(parents=True, exist_ok=True)
-    head = ["", "## index and scan families' kernels (every registry case, ordered) vs the native CPU program", ""]
+    head = ["", "## index and scan families', slice, concat, max/min/prod kernels (every registry case, ordered) vs the "
+                "native CPU program", ""]
     t = time.time()
     native, want = every_case("native")
     native.forward()

@@ -1,4 +1,4 @@
-"""Device forms of the index and scan families: the CUDA kernels, run as host C++ by the grid emulation,
+"""Device forms of the index and scan families, slice, concat, max, min and prod: the CUDA kernels, run as host C++ by the grid emulation,
 equal the native CPU program bit for bit (values and gradients, every registry case, ordered mode), and
 the generated source compiles with nvcc (warnings as errors)."""
 import subprocess
@@ -15,7 +15,7 @@ from op_cases import floats, make, record
 from test_gpu import NVCC
 
 FAMILY = ["take", "take_along_axis", "index_add", "index_set", "dynamic_slice", "dynamic_update_slice",
-          "cumsum", "cumprod", "cummax", "sort"]
+          "cumsum", "cumprod", "cummax", "sort", "slice", "concat", "max", "min", "prod"]
 
 
 def every_case(backend, dtype="float64"):
@@ -98,3 +98,29 @@ def test_family_kernels_compile_with_nvcc(tmp_path, dtype):
     r = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "--fmad=false", "-Werror", "all-warnings", str(path),
                         "-o", str(tmp_path / "family.cubin")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("name", ["max", "min", "prod"])
+def test_extremes_ties_nans_signed_zeros_and_zero_products_equal_native(name):
+    """Tied extremes share the gradient, NaN propagates, the first of ±0 stays, prod's gradient needs no
+    division (zeros in a row): the emulated kernels give the native program's bits on all of them."""
+    a = np.array([[1.0, 3.0, 3.0, -0.0], [-0.0, 0.0, -2.0, -3.0], [0.0, -0.0, 2.0, 3.0], [np.nan, 1.0, -1.0, 0.0],
+                  [2.0, 0.0, 0.0, 5.0]])
+    got = []
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        x = tape.param(a)
+        ys = [tape.apply(O.OPS[name], x, None, s) for s in ((None, False), ((1,), False), ((0,), True))]
+        loss = None
+        for k, y in enumerate(ys):
+            term = (y * tape.const(np.full(y.shape, 1.0 + k))).sum()
+            loss = term if loss is None else loss + term
+        prog = tg.capture(tape, loss, backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        prog.forward()
+        prog.backward()
+        got.append(([np.array(prog.value(y)) for y in ys], np.array(prog.grad(x))))
+    (vn, gn), (ve, ge) = got
+    assert all(np.array_equal(u, v, equal_nan=True) and (np.signbit(u) == np.signbit(v)).all() for u, v in zip(vn, ve))
+    assert np.array_equal(gn, ge, equal_nan=True) and (np.signbit(gn) == np.signbit(ge)).all()

@@ -1,0 +1,137 @@
+"""CUDA kernels of slice, concat and the serial reductions max, min and prod.
+
+Each mirrors the native C element for element: slice and concat move data; max/min/prod visit the
+reduced elements of each output in row-major order from -inf/+inf/1 with the native update (NaN
+propagates, the first of equal extremes stays: ``tg_reduce``'s modes 1–3); max/min share the gradient
+among ties (``kernels.max_da``: hit · (g / Σ hit)); prod's gradient is prefix · suffix products with no
+division (``tg_prod_da``). One thread per output element (or per element written).
+"""
+import math
+
+from .. import ops as O
+from ..native.kernels import keep, strides
+
+
+def _coords(var, shape, name):
+    return [f"const long {name}{d} = ({var} / {st}L) % {m}L;" for d, (m, st) in enumerate(zip(shape, strides(shape)))]
+
+
+# ── slice / concat ───────────────────────────────────────────────────────────
+
+def slice_fwd(g, k, op, a, b, s):
+    st = strides(g.p.shapes[a])
+    sl = O.steps(s)
+    off = sum(lo * m for (lo, _, _), m in zip(sl, st))
+    return [g.gather(f"f{k}", f"v{k}", f"(v{a} + {off}L)", g.p.shapes[k], [m * step for (_, _, step), m in zip(sl, st)])]
+
+
+def slice_da(g, k, side, first):
+    """zeros, with g at the window's elements: x = lo + j·step, 0 <= j < m on every axis"""
+    _, a, _, s = g.p.nodes[k]
+    ash, osh = g.p.shapes[a], g.p.shapes[k]
+    ost = strides(osh)
+    lines = _coords("i", ash, "x")
+    inside, at = [], []
+    for d, ((lo, _, step), m) in enumerate(zip(O.steps(s), osh)):
+        lines.append(f"const long j{d} = (x{d} - {lo}L) / {step}L;")
+        inside.append(f"(x{d} - {lo}L) % {step}L == 0 && j{d} >= 0 && j{d} < {m}L")
+        at.append(f"j{d} * {ost[d]}L")
+    cond = " && ".join(inside) or "1"
+    lines.append(g.put(f"g{a}[i]", f"(({cond}) ? g{k}[{' + '.join(at) or '0L'}] : {g.d.lit(0.0)})", first))
+    return [g.flat(f"da{k}", math.prod(ash), lines)]
+
+
+def _concat_split(g, k):
+    _, a, b, s = g.p.nodes[k]
+    osh = g.p.shapes[k]
+    return math.prod(osh[:s]), g.p.shapes[a][s], g.p.shapes[b][s], math.prod(osh[s + 1:])
+
+
+def concat_fwd(g, k, op, a, b, s):
+    outer, na, nb, inner = _concat_split(g, k)
+    n = na + nb
+    lines = [f"const long o = i / {n * inner}L, c = (i / {inner}L) % {n}L, ii = i % {inner}L;",
+             f"v{k}[i] = c < {na}L ? v{a}[(o * {na}L + c) * {inner}L + ii] : v{b}[(o * {nb}L + c - {na}L) * {inner}L + ii];"]
+    return [g.flat(f"f{k}", g.n(k), lines)]
+
+
+def concat_d(g, k, side, first):
+    _, a, b, s = g.p.nodes[k]
+    outer, na, nb, inner = _concat_split(g, k)
+    mine, shift, j = (na, 0, a) if side == "a" else (nb, na, b)
+    lines = [f"const long o = i / {mine * inner}L, c = (i / {inner}L) % {mine}L, ii = i % {inner}L;",
+             g.put(f"g{j}[i]", f"g{k}[(o * {na + nb}L + c + {shift}L) * {inner}L + ii]", first)]
+    return [g.flat(f"d{side}{k}", outer * mine * inner, lines)]
+
+
+# ── max / min / prod: serial in row-major order over the reduced elements ────
+
+def _reduced(g, a, s):
+    """(shape, kept dims [(size, stride)], reduced dims, outputs, reduced count) of a reduction of a."""
+    sh = g.p.shapes[a]
+    axes = range(len(sh)) if s[0] is None else s[0]
+    st = strides(sh)
+    kept = [(m, t) for d, (m, t) in enumerate(zip(sh, st)) if d not in axes]
+    red = [(m, t) for d, (m, t) in enumerate(zip(sh, st)) if d in axes]
+    return sh, kept, red, math.prod(m for m, _ in kept), math.prod(m for m, _ in red)
+
+
+def _offset(var, dims):
+    terms, div = [], 1
+    for m, t in reversed(dims):
+        terms.append(f"(({var} / {div}L) % {m}L) * {t}L")
+        div *= m
+    return " + ".join(terms) or "0L"
+
+
+def reduce_fwd(g, k, op, a, b, s):
+    sh, kept, red, nout, nred = _reduced(g, a, s)
+    x = f"v{a}[base + {_offset('r', red)}]"
+    if op.name == "prod":
+        init, start, step = g.d.lit(1.0), 0, f"acc = {g.mul('acc', 'x')};"
+    else:   # from ∓inf the native update takes the first element whatever it is: start from it
+        init, start = f"v{a}[base]", 1
+        step = f"if (acc == acc && (x {'>' if op.name == 'max' else '<'} acc || x != x)) acc = x;"
+    lines = [f"const long base = {_offset('i', kept)};", f"real acc = {init};",
+             f"for (long r = {start}L; r < {nred}L; r++) {{", f"    const real x = {x};", f"    {step}", "}",
+             f"v{k}[i] = acc;"]
+    return [g.flat(f"f{k}", nout, lines)]
+
+
+def extreme_da(g, k, side, first):
+    """hit = (a == out); ties = Σ hit per output; da = hit · (g / ties)"""
+    _, a, _, s = g.p.nodes[k]
+    sh, kept, red, nout, nred = _reduced(g, a, s)
+    one, zero = g.d.lit(1.0), g.d.lit(0.0)
+    g.scratch(2, nout)
+    ties = g.flat(f"t{k}", nout, [f"const long base = {_offset('i', kept)};", f"real n = {zero};",
+                                  f"for (long r = 0; r < {nred}L; r++)",
+                                  f"    n = {g.add('n', f'(v{a}[base + {_offset(chr(114), red)}] == v{k}[i] ? {one} : {zero})')};",
+                                  f"S2[i] = {g.div(f'g{k}[i]', 'n')};"])
+    ost = [t for t in strides(keep(sh, s))]
+    at = " + ".join(f"((i / {t}L) % {m}L) * {o}L" for m, t, o, kk in zip(sh, strides(sh), ost, keep(sh, s)) if kk != 1) \
+        or "0L"
+    spread = g.flat(f"da{k}", math.prod(sh), [f"const long o = {at};",
+                                              f"const real hit = v{a}[i] == v{k}[o] ? {one} : {zero};",
+                                              g.put(f"g{a}[i]", g.mul("hit", "S2[o]"), first)])
+    return [ties, spread]
+
+
+def prod_da(g, k, side, first):
+    """d_i = (Π_{j<i} x_j · Π_{j>i} x_j) · g, prefix from the left, suffix from the right (S1 at a's layout)"""
+    _, a, _, s = g.p.nodes[k]
+    sh, kept, red, nout, nred = _reduced(g, a, s)
+    g.scratch(1, math.prod(sh))
+    pos = f"base + {_offset('r', red)}"
+    lines = [f"const long base = {_offset('i', kept)};", f"real pre = {g.d.lit(1.0)};",
+             f"for (long r = 0; r < {nred}L; r++) {{", f"    const long p = {pos};", "    S1[p] = pre;",
+             f"    pre = {g.mul('pre', f'v{a}[p]')};", "}",
+             f"real suf = {g.d.lit(1.0)};",
+             f"for (long r = {nred - 1}L; r >= 0; r--) {{", f"    const long p = {pos};",
+             f"    S1[p] = {g.mul(g.mul('S1[p]', 'suf'), f'g{k}[i]')};", f"    suf = {g.mul('suf', f'v{a}[p]')};",
+             "    " + g.put(f"g{a}[p]", "S1[p]", first), "}"]
+    return [g.flat(f"da{k}", nout, lines)]
+
+
+FORWARD = {"slice": slice_fwd, "concat": concat_fwd, "max": reduce_fwd, "min": reduce_fwd, "prod": reduce_fwd}
+BACKWARD = {"slice": slice_da, "concat": concat_d, "max": extreme_da, "min": extreme_da, "prod": prod_da}

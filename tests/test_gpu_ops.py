@@ -1,6 +1,7 @@
-"""Device forms of the index and scan families, slice, concat, max, min and prod: the CUDA kernels, run as host C++ by the grid emulation,
-equal the native CPU program bit for bit (values and gradients, every registry case, ordered mode), and
-the generated source compiles with nvcc (warnings as errors)."""
+"""Device forms of the index and scan families, slice, concat, max, min, prod, softmax, logsoftmax and
+logsumexp: the CUDA kernels, run as host C++ by the grid emulation, equal the native CPU program bit for
+bit (values and gradients, every registry case, ordered mode; the libm-tier ones too, since the emulation
+calls the host's exp and log), and the generated source compiles with nvcc (warnings as errors)."""
 import subprocess
 
 import numpy as np
@@ -15,7 +16,8 @@ from op_cases import floats, make, record
 from test_gpu import NVCC
 
 FAMILY = ["take", "take_along_axis", "index_add", "index_set", "dynamic_slice", "dynamic_update_slice",
-          "cumsum", "cumprod", "cummax", "sort", "slice", "concat", "max", "min", "prod"]
+          "cumsum", "cumprod", "cummax", "sort", "slice", "concat", "max", "min", "prod", "softmax", "logsoftmax",
+          "logsumexp"]
 
 
 def every_case(backend, dtype="float64"):

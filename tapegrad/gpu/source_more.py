@@ -1,10 +1,12 @@
-"""CUDA kernels of slice, concat and the serial reductions max, min and prod.
+"""CUDA kernels of slice, concat, the serial reductions max, min and prod, softmax, logsoftmax, logsumexp.
 
 Each mirrors the native C element for element: slice and concat move data; max/min/prod visit the
 reduced elements of each output in row-major order from -inf/+inf/1 with the native update (NaN
 propagates, the first of equal extremes stays: ``tg_reduce``'s modes 1–3); max/min share the gradient
 among ties (``kernels.max_da``: hit · (g / Σ hit)); prod's gradient is prefix · suffix products with no
-division (``tg_prod_da``). One thread per output element (or per element written).
+division (``tg_prod_da``); softmax and logsoftmax run one thread per line with the sums serial in j
+(``tg_softmax``), logsumexp sums in NumPy's order (``tg_reduce``: a trailing block of reduced axes
+pairwise). One thread per output element (or per element written, or per line).
 """
 import math
 
@@ -135,3 +137,127 @@ def prod_da(g, k, side, first):
 
 FORWARD = {"slice": slice_fwd, "concat": concat_fwd, "max": reduce_fwd, "min": reduce_fwd, "prod": reduce_fwd}
 BACKWARD = {"slice": slice_da, "concat": concat_d, "max": extreme_da, "min": extreme_da, "prod": prod_da}
+
+
+# ── softmax / logsoftmax / logsumexp (tier "libm": the device's exp/log; in the emulation the host's) ──
+
+def _sub(g, x, y):
+    return g.d.render(("bin", "-", ("var", "a"), ("var", "b")), {"a": x, "b": y})
+
+
+def _libm(g):
+    return ("expf", "logf") if g.f32 else ("exp", "log")
+
+
+def _max_line(var, at, m):
+    """Lines leaving in ``var`` the max of the m elements at(j) (tg_reduce's mode 1: NaN propagates)."""
+    return [f"real {var} = {at('0L')};", f"for (long j = 1; j < {m}L; j++) {{", f"    const real x = {at('j')};",
+            f"    if ({var} == {var} && (x > {var} || x != x)) {var} = x;", "}"]
+
+
+def _lines_of(g, k, a, s, body):
+    """One thread per softmax line (o, ii) of a's axis s; ``body(P, m)`` with P(j) the flat index."""
+    sh = g.p.shapes[a]
+    outer, m, inner = math.prod(sh[:s]), sh[s], math.prod(sh[s + 1:])
+
+    def P(j):
+        return f"(o * {m}L + {j}) * {inner}L + ii"
+
+    return outer * inner, [f"const long o = i / {inner}L, ii = i % {inner}L;"] + body(P, m)
+
+
+def softmax_fwd(g, k, op, a, b, s):
+    """r = max; out = a − r; softmax: out = exp(out) / Σ exp (serial in j); logsoftmax: out − log Σ exp(out)"""
+    exp, log = _libm(g)
+    zero = g.d.lit(0.0)
+
+    def body(P, m):
+        V = lambda j: f"v{k}[{P(j)}]"   # noqa: E731
+        out = _max_line("r", lambda j: f"v{a}[{P(j)}]", m)
+        out.append(f"for (long j = 0; j < {m}L; j++) {V('j')} = {_sub(g, f'v{a}[{P(chr(106))}]', 'r')};")
+        if op.name == "softmax":
+            return out + [f"for (long j = 0; j < {m}L; j++) {V('j')} = {exp}({V('j')});", f"real t = {zero};",
+                          f"for (long j = 0; j < {m}L; j++) t = {g.add('t', V('j'))};",
+                          f"for (long j = 0; j < {m}L; j++) {V('j')} = {g.div(V('j'), 't')};"]
+        return out + [f"real t = {zero};", f"for (long j = 0; j < {m}L; j++) t = {g.add('t', f'{exp}({V(chr(106))})')};",
+                      f"t = {log}(t);", f"for (long j = 0; j < {m}L; j++) {V('j')} = {_sub(g, V('j'), 't')};"]
+    n, lines = _lines_of(g, k, a, s, body)
+    return [g.flat(f"f{k}", n, lines)]
+
+
+def softmax_da(g, k, side, first):
+    """softmax: c = out · (g − Σ g·out); logsoftmax: c = g − exp(out) · Σ g (sums serial in j)"""
+    op, a, _, s = g.p.nodes[k]
+    exp, _ = _libm(g)
+    zero = g.d.lit(0.0)
+
+    def body(P, m):
+        G, V, J = (lambda j: f"g{k}[{P(j)}]"), (lambda j: f"v{k}[{P(j)}]"), "j"   # noqa: E731
+        head = [f"real t = {zero};"]
+        if op.name == "softmax":
+            return head + [f"for (long j = 0; j < {m}L; j++) t = {g.add('t', g.mul(G(J), V(J)))};",
+                           f"for (long j = 0; j < {m}L; j++)",
+                           "    " + g.put(f"g{a}[{P(J)}]", g.mul(V(J), _sub(g, G(J), "t")), first)]
+        return head + [f"for (long j = 0; j < {m}L; j++) t = {g.add('t', G(J))};",
+                       f"for (long j = 0; j < {m}L; j++)",
+                       "    " + g.put(f"g{a}[{P(J)}]", _sub(g, G(J), g.mul(f"{exp}({V(J)})", "t")), first)]
+    n, lines = _lines_of(g, k, a, s, body)
+    return [g.flat(f"da{k}", n, lines)]
+
+
+def _out_index(sh, s):
+    """The C expression of the output element that a's flat element i reduces into."""
+    ks = keep(sh, s)
+    return " + ".join(f"((i / {t}L) % {m}L) * {o}L" for m, t, o, kk in zip(sh, strides(sh), strides(ks), ks)
+                      if kk != 1) or "0L"
+
+
+def _numpy_sum(g, x, sh, s):
+    """Lines leaving in ``acc`` output i's sum of x over the axes of s in tg_reduce's order (NumPy's): a
+    trailing block of reduced axes summed pairwise per leading index, else serial in row-major order."""
+    axes = set(range(len(sh)) if s[0] is None else s[0])
+    st = strides(sh)
+    kept = [(m, t) for d, (m, t) in enumerate(zip(sh, st)) if d not in axes]
+    t = len(sh)
+    while t > 0 and t - 1 in axes:
+        t -= 1
+    lines = [f"const long base = {_offset('i', kept)};", f"real acc = {g.d.lit(0.0)};"]
+    if t < len(sh):
+        g.pairwise = True
+        inner = math.prod(sh[t:])
+        lead = [(m, q) for d, (m, q) in enumerate(zip(sh, st)) if d < t and d in axes]
+        return lines + [f"for (long r = 0; r < {math.prod(m for m, _ in lead)}L; r++)",
+                        f"    acc = {g.add('acc', f'tg_pw({x} + base + {_offset(chr(114), lead)}, {inner}L)')};"]
+    red = [(m, q) for d, (m, q) in enumerate(zip(sh, st)) if d in axes]
+    return lines + [f"for (long r = 0; r < {math.prod(m for m, _ in red)}L; r++)",
+                    f"    acc = {g.add('acc', f'{x}[base + {_offset(chr(114), red)}]')};"]
+
+
+def logsumexp_fwd(g, k, op, a, b, s):
+    """r = max (0 where not finite) into S1; S2 = exp(a − r); out = log(Σ S2) + r"""
+    sh, kept, red, nout, nred = _reduced(g, a, s)
+    exp, log = _libm(g)
+    g.scratch(1, nout)
+    g.scratch(2, math.prod(sh))
+    zero = g.d.lit(0.0)
+    mx = g.flat(f"m{k}", nout, [f"const long base = {_offset('i', kept)};"] +
+                _max_line("r", lambda j: f"v{a}[base + {_offset(j, red)}]", nred) +
+                [f"S1[i] = r - r == {zero} ? r : {zero};"])
+    ex = g.flat(f"e{k}", math.prod(sh), [f"S2[i] = {exp}({_sub(g, f'v{a}[i]', f'S1[{_out_index(sh, s)}]')});"])
+    tot = g.flat(f"f{k}", nout, _numpy_sum(g, "S2", sh, s) + [f"v{k}[i] = {g.add(f'{log}(acc)', 'S1[i]')};"])
+    return [mx, ex, tot]
+
+
+def logsumexp_da(g, k, side, first):
+    """g · exp(a − out), out and g spread over the reduced axes"""
+    _, a, _, s = g.p.nodes[k]
+    sh = g.p.shapes[a]
+    exp, _ = _libm(g)
+    o = _out_index(sh, s)
+    return [g.flat(f"da{k}", math.prod(sh), [f"const long o = {o};",
+                                             g.put(f"g{a}[i]", g.mul(f"g{k}[o]", f"{exp}({_sub(g, f'v{a}[i]', f'v{k}[o]')})"),
+                                                   first)])]
+
+
+FORWARD.update({"softmax": softmax_fwd, "logsoftmax": softmax_fwd, "logsumexp": logsumexp_fwd})
+BACKWARD.update({"softmax": softmax_da, "logsoftmax": softmax_da, "logsumexp": logsumexp_da})

@@ -32,7 +32,8 @@ SIZES = (5, 7, 3)
 def _cc(args, out):
     cc = build.find_compiler()
     r = subprocess.run([cc, *args, "-o", str(out)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
+    if r.returncode:
+        raise tg.BuildError(f"{cc} failed on {out.name}:\n{r.stderr[-3000:]}")
     return str(out)
 
 
@@ -200,10 +201,12 @@ def operands(prog, batch=0):
         return [jax.numpy.asarray(a) for a in xs], specs
 
 
-def call_frame(built, handler, args, nw, attrs, stream, device=0):
-    """One call of ``handler`` on host buffers: results are the written operands themselves (aliased)."""
+def call_frame(built, handler, args, nw, attrs, stream, device=0, rets=None):
+    """One call of ``handler`` on host buffers: results are the written operands themselves (aliased),
+    unless ``rets`` (loss, written..., count) is given."""
     frame = built["frame"]
-    rets = [np.zeros(1)] + args[:nw] + [args[nw]]   # loss, params/state (aliases), count (alias)
+    if rets is None:
+        rets = [np.zeros(1)] + args[:nw] + [args[nw]]   # loss, params/state (aliases), count (alias)
     kinds, values, sizes, names, keep = [], [], [], [], []
     for k, v in sorted(attrs.items()):
         a = np.atleast_1d(np.asarray(v))
@@ -224,7 +227,7 @@ def call_frame(built, handler, args, nw, attrs, stream, device=0):
         ctypes.c_int64(len(names)), (ctypes.c_char_p * len(names))(*names), (ctypes.c_int * len(names))(*kinds),
         (P_ * len(names))(*values), np.array(sizes, np.int64).ctypes.data_as(P_), P_(stream), ctypes.c_int(device),
         msg, ctypes.c_int64(4096))
-    return rc, msg.value.decode(), float(rets[0][0])
+    return rc, msg.value.decode(), float(rets[0].reshape(-1)[0])
 
 
 @pytest.mark.parametrize("opt_kind", ["adam", "sgd", "adam_hat"])
@@ -289,3 +292,36 @@ def test_handler_metadata_and_wrong_device(built, monkeypatch):
     assert rc == 1 and "the program lives on CUDA device 0, this call runs on device 3" in msg
     rc, msg, _ = call_frame(built, lib.tg_gpu_episode, args, len(args) - 3, attrs, 0)
     assert rc == 1 and "XLA gives this call no CUDA stream" in msg
+
+
+def test_results_that_are_not_their_operands_get_a_copy_first(built, monkeypatch):
+    """Where XLA gives a written result its own buffer, the handler copies the operand into it (device to
+    device) and the episode updates the result; the operands stay as they were."""
+    monkeypatch.setenv("TAPEGRAD_LIBCUDA", built["fake"])
+    lib, fake = fresh(built), stand_in(built)
+    ref = mlp_program("adam", "native")
+    prog = emulate(mlp_program("adam"))
+    runner = prog.runner
+    work = runner.cp.forward + runner.cp.backward + runner.cp.step
+
+    @ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+    def graph(handle):
+        runner.run(work)
+
+    fake.fake_setup(0x5EED, 0, ctypes.cast(graph, ctypes.c_void_p))
+    attrs = dict(_handles(prog, dict(runner.handles(), graph=0x6A, settab=0x5E), runner.cp), **_optimizer(prog))
+    params, x, y, data = prog.test_data
+    sig = P._Sig(prog)
+    nw = len(sig.params) + len(sig.state)
+    args = [np.ascontiguousarray(prog.value(p), np.float64) for p in params] + [np.zeros(s) for s in sig.state]
+    args += [np.zeros(1), np.ascontiguousarray(data[0][0]), np.ascontiguousarray(data[0][1])]
+    before = [a.copy() for a in args]
+    rets = [np.zeros(1)] + [np.full_like(a, np.nan) for a in args[:nw]] + [np.zeros(1)]
+    rc, msg, loss = call_frame(built, lib.tg_gpu_episode, args, nw, attrs, 0x5EED, rets=rets)
+    assert rc == 0, msg
+    log = fake.fake_log().decode()
+    assert log.count("dtod ") == nw and log.index("dtod ") < log.index("graph ")
+    assert loss == ref.episode({ref.test_data[1]: data[0][0], ref.test_data[2]: data[0][1]})
+    assert all((a == b).all() for a, b in zip(args, before))   # operands untouched
+    assert all((r == np.asarray(ref.value(p))).all() for r, p in zip(rets[1:], ref.test_data[0]))
+    assert rets[-1].tolist() == [1.0]

@@ -95,12 +95,15 @@ def test_scatter_add_sums_repeated_indices_in_position_order():
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_family_kernels_compile_with_nvcc(tmp_path, dtype):
     prog, _ = every_case("numpy", dtype)
-    path = tmp_path / "family.cu"
-    path.write_text(CudaProgram(prog).src)
-    r = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "--fmad=false", "-Werror", "all-warnings", str(path),
-                        "-o", str(tmp_path / "family.cubin")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-
+    tape = tg.Tape()
+    w = tape.param(np.ones((2, 3, 4)))
+    bmm = tg.capture(tape, tape.apply(O.OPS["bmm"], w, tape.const(np.ones((2, 4, 5))), None).sum(), dtype=dtype)
+    for name, p in (("family", prog), ("bmm", bmm)):
+        path = tmp_path / f"{name}.cu"
+        path.write_text(CudaProgram(p).src)
+        r = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "--fmad=false", "-Werror", "all-warnings", str(path),
+                            "-o", str(path.with_suffix(".cubin"))], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
 
 @pytest.mark.parametrize("name", ["max", "min", "prod"])
 def test_extremes_ties_nans_signed_zeros_and_zero_products_equal_native(name):
@@ -126,3 +129,30 @@ def test_extremes_ties_nans_signed_zeros_and_zero_products_equal_native(name):
     (vn, gn), (ve, ge) = got
     assert all(np.array_equal(u, v, equal_nan=True) and (np.signbit(u) == np.signbit(v)).all() for u, v in zip(vn, ve))
     assert np.array_equal(gn, ge, equal_nan=True) and (np.signbit(gn) == np.signbit(ge)).all()
+
+
+def test_bmm_within_the_blas_bound_of_native():
+    """bmm is tier "blas": a serial dot per element against NumPy's BLAS, within rtol 1e-12."""
+    op = O.OPS["bmm"]
+    rng = np.random.default_rng(2)
+    got = []
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        vs, ys = [], []
+        for case in op.cases:
+            arrays, s = make(op, case, np.random.default_rng(len(ys)))
+            v, y = record(tape, op, arrays, s)
+            vs += v
+            ys.append(y)
+        loss = None
+        for y in ys:
+            term = (y * tape.const(rng.standard_normal(y.shape))).sum()
+            loss = term if loss is None else loss + term
+        prog = tg.capture(tape, loss, backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        prog.forward()
+        prog.backward()
+        got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(v)) for v in vs])
+        rng = np.random.default_rng(2)
+    assert all(np.allclose(e, n, rtol=1e-12, atol=1e-14) for n, e in zip(*got))

@@ -1,4 +1,4 @@
-"""CUDA kernels of slice, concat, the serial reductions max, min and prod, softmax, logsoftmax, logsumexp.
+"""CUDA kernels of slice, concat, the serial reductions max, min and prod, softmax, logsoftmax, logsumexp, bmm.
 
 Each mirrors the native C element for element: slice and concat move data; max/min/prod visit the
 reduced elements of each output in row-major order from -inf/+inf/1 with the native update (NaN
@@ -6,7 +6,8 @@ propagates, the first of equal extremes stays: ``tg_reduce``'s modes 1–3); max
 among ties (``kernels.max_da``: hit · (g / Σ hit)); prod's gradient is prefix · suffix products with no
 division (``tg_prod_da``); softmax and logsoftmax run one thread per line with the sums serial in j
 (``tg_softmax``), logsumexp sums in NumPy's order (``tg_reduce``: a trailing block of reduced axes
-pairwise). One thread per output element (or per element written, or per line).
+pairwise); bmm is a serial dot over k per output element (tier "blas", like NumPy's within the bound).
+One thread per output element (or per element written, or per line).
 """
 import math
 
@@ -261,3 +262,34 @@ def logsumexp_da(g, k, side, first):
 
 FORWARD.update({"softmax": softmax_fwd, "logsoftmax": softmax_fwd, "logsumexp": logsumexp_fwd})
 BACKWARD.update({"softmax": softmax_da, "logsoftmax": softmax_da, "logsumexp": logsumexp_da})
+
+
+# ── bmm: a serial dot over k per output element (tier "blas": within the BLAS bound of NumPy's) ──
+
+def _batched_dot(g, tag, dst, A, B, bs, m, n, kk, sa, sb, first):
+    """dst[q, r, c] (+)= Σ_t A[q][r·sa0 + t·sa1] · B[q][t·sb0 + c·sb1], serially in t from 0; A and B
+    advance by their batch strides (sa2, sb2)."""
+    term = g.mul(f"{A}[q * {sa[2]}L + r * {sa[0]}L + t * {sa[1]}L]", f"{B}[q * {sb[2]}L + t * {sb[0]}L + c * {sb[1]}L]")
+    return g.flat(tag, bs * m * n, [f"const long q = i / {m * n}L, r = (i / {n}L) % {m}L, c = i % {n}L;",
+                                    f"real acc = {g.d.lit(0.0)};",
+                                    f"for (long t = 0; t < {kk}L; t++) acc = {g.add('acc', term)};",
+                                    g.put(f"{dst}[i]", "acc", first)])
+
+
+def bmm_fwd(g, k, op, a, b, s):
+    bs, m, kk = g.p.shapes[a]
+    n = g.p.shapes[b][2]
+    return [_batched_dot(g, f"f{k}", f"v{k}", f"v{a}", f"v{b}", bs, m, n, kk, (kk, 1, m * kk), (n, 1, kk * n), True)]
+
+
+def bmm_d(g, k, side, first):
+    """da = g · bᵀ, db = aᵀ · g per batch"""
+    _, a, b, _ = g.p.nodes[k]
+    bs, m, kk = g.p.shapes[a]
+    n = g.p.shapes[b][2]
+    if side == "a":
+        return [_batched_dot(g, f"da{k}", f"g{a}", f"g{k}", f"v{b}", bs, m, kk, n, (n, 1, m * n), (1, n, kk * n), first)]
+    return [_batched_dot(g, f"db{k}", f"g{b}", f"v{a}", f"g{k}", bs, kk, n, m, (1, kk, m * kk), (n, 1, m * n), first)]
+
+
+FORWARD["bmm"], BACKWARD["bmm"] = bmm_fwd, bmm_d

@@ -18,7 +18,7 @@ import pytest
 import tapegrad as tg
 from interop import jax
 from interop import program as P
-from interop.gpu_call import _handles, _optimizer, slots
+from interop.gpu_call import _handles, _optimizer
 from tapegrad.gpu.host import emulate
 from tapegrad.gpu.source import SETTAB
 from tapegrad.native import build

@@ -99,7 +99,7 @@ class HostRunner(LaunchRunner):
     """Runs a program's CUDA launch lists as host code on the program's own buffers."""
 
     def build(self):
-        cp, p = self.cp, self.p
+        cp = self.cp
         src, names = host_source(cp)
         self.lib = compile_host(src)
         self.lib.tg_launch.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_int,

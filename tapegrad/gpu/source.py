@@ -131,7 +131,7 @@ class CudaProgram:
 
     def flat(self, tag, n, lines):
         """A one-phase kernel over ``n`` elements, one thread per element index ``i``."""
-        return self.kernel(tag, [[f"const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;",
+        return self.kernel(tag, [["const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;",
                                   f"if (i < {n}L) {{"] + ["    " + ln for ln in lines] + ["}"]],
                            max(1, -(-n // THREADS)))
 

@@ -30,12 +30,14 @@ class Schedule:
 
     def fits(self, tape, top, pos):
         """Whether replaying gives what the sweep would: the nodes up to ``top`` equal the recorded ones
-        in everything the sweep reads (all but the epoch and the source line)."""
+        in everything the sweep reads (all but the epoch and the source line). ``req`` and ``lazy`` are
+        not compared: a leaf's follow from its op (and ``s`` for a lazy constant), an op node's from its
+        inputs'."""
         if top != self.top or pos != self.pos:
             return False
         for n, r in zip(tape._nodes, self.nodes):
-            if n is not r and (n[0] is not r[0] or n[1] != r[1] or n[2] != r[2] or n[3] != r[3] or n[4] != r[4]
-                               or n[7] != r[7] or n[8] != r[8] or n[10] != r[10]):
+            if n is not r and (n[0] is not r[0] or n[1] != r[1] or n[2] != r[2] or n[3] != r[3] or n[8] != r[8]
+                               or n[10] != r[10]):
                 return False
         grads = tape._grad
         return all((grads[j] is None) is none for j, none in self.empty)

@@ -189,3 +189,78 @@ def test_a_replay_reads_the_static_operand_of_its_own_episode(replays):
         assert np.array_equal(np.signbit(tape.grad(x)), np.signbit([scale, scale])), scale
         tape.reset_to(start)
     assert replays[0] == 3
+
+
+def _variants():
+    """Episodes that each differ from the first in one thing the sweep reads."""
+    def base(t, p, q, m):
+        return (p * t.const(np.array([2.0, 3.0])) * 2.0).sum()
+
+    def other_a(t, p, q, m):      # the product's first input: q instead of p
+        return (q * t.const(np.array([2.0, 3.0])) * 2.0).sum()
+
+    def other_b(t, p, q, m):      # the product's second input: q instead of the constant
+        return (p * q * 2.0).sum()
+
+    def other_op(t, p, q, m):     # + instead of ·
+        return ((p + t.const(np.array([2.0, 3.0]))) * 2.0).sum()
+
+    def other_s(t, p, q, m):      # the static operand
+        return (p * t.const(np.array([2.0, 3.0])) * 5.0).sum()
+
+    def other_top(t, p, q, m):    # the loss op itself
+        return (p * t.const(np.array([2.0, 3.0])) * 2.0).mean()
+
+    def longer(t, p, q, m):       # the same nodes, then one more: only the loss id differs
+        return (p * t.const(np.array([2.0, 3.0])) * 2.0).sum() * 1.0
+    return base, [other_a, other_b, other_op, other_s, other_top, longer]
+
+
+@pytest.mark.parametrize("k", range(6))
+def test_an_episode_differing_in_one_field_is_swept_in_full(k, replays):
+    base, others = _variants()
+    other = others[k]
+    tape = tg.Tape()
+    p, q = tape.param(np.array([1.0, -2.0])), tape.param(np.array([0.5, 4.0]))
+    start = tape.mark()
+    for fn in (base, base, base, other):
+        tape.backward(fn(tape, p, q, None))
+        fresh = tg.Tape()
+        fp, fq = fresh.param(np.array([1.0, -2.0])), fresh.param(np.array([0.5, 4.0]))
+        fresh.backward(fn(fresh, fp, fq, None))
+        assert np.array_equal(tape.grad(p), fresh.grad(fp)) and np.array_equal(tape.grad(q), fresh.grad(fq))
+        tape.reset_to(start)
+    assert replays[0] == 1
+
+
+def test_a_data_input_at_node_0_and_a_bias_broadcast_along_its_last_axis(replays):
+    """where's mask is the tape's first node (id 0), and a (2, 1) parameter is summed over axis 1."""
+    tape = tg.Tape()
+    mask = tape.const(np.array([[True, False, True], [False, True, True]]))
+    p = tape.param(np.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]))
+    b = tape.param(np.array([[0.5], [-1.5]]))
+    start = tape.mark()
+    for k in range(4):
+        c = tape.const(np.full((2, 3), k + 1.0))
+        loss = (tg.where(mask, p * c, c) + b).sum()
+        tape.backward(loss)
+        assert np.array_equal(tape.grad(p), np.where(mask.value, k + 1.0, 0.0))
+        assert np.array_equal(tape.grad(b), np.full((2, 1), 3.0))
+        tape.reset_to(start)
+    assert replays[0] == 2
+
+
+def test_a_node_after_the_loss_does_not_stop_the_replay(replays):
+    """Only the nodes up to the loss are the recorded graph: something computed after it (a metric)
+    may change from episode to episode."""
+    tape = tg.Tape()
+    x = tape.param(np.array([1.0, 2.0]))
+    start = tape.mark()
+    for k in range(4):
+        loss = (x * x).sum()
+        _ = x * float(k)   # after the loss, different every episode
+        _ = x * float(k)
+        tape.backward(loss)
+        assert np.array_equal(tape.grad(x), np.array([2.0, 4.0]))
+        tape.reset_to(start)
+    assert replays[0] == 2

@@ -50,7 +50,7 @@ class Node(NamedTuple):
     s: object
     req: bool      # a parameter is upstream: backward must reach it
     epoch: int     # the reset generation that created it (stale Vars are caught with it)
-    src: object    # (code, line) of the user frame that created it
+    src: object    # (code, bytecode offset) of the user frame that created it
     lazy: bool     # it depends on a lazy or dropped constant: the tape holds no value
     shape: tuple   # known even when the tape holds no value
     pos: object    # allocator position before its value: value arena (ops), param store (params)
@@ -821,10 +821,15 @@ def _user_frame():
         if ours is None:
             ours = _OURS[code] = code.co_filename.startswith(_PKG)
         if not ours:
-            return (code, f.f_lineno)
+            return (code, f.f_lasti)   # the line is looked up only when reported (_where)
         f = f.f_back
     return None
 
 
 def _where(src):
-    return "?" if src is None else f"{os.path.basename(src[0].co_filename)}:{src[1]}"
+    """"file:line" of a node's source (code, bytecode offset), or "?"."""
+    if src is None:
+        return "?"
+    code, offset = src
+    line = next((n for start, end, n in code.co_lines() if start <= offset < end), None)
+    return f"{os.path.basename(code.co_filename)}:{line if line is not None else '?'}"

@@ -8,7 +8,12 @@ same structure, replays them: each step calls the rule (an ``into`` rule's ufunc
 recorded scratch) and applies the recorded accumulation. The calls, their arguments and their order are
 those of the sweep, so the gradients are the same bits; only the per-node bookkeeping goes.
 """
+import operator
+
 import numpy as np
+
+# What the sweep reads of a node: op, input ids, static operand, shape, third input.
+_KEY = operator.itemgetter(0, 1, 2, 3, 8, 10)
 
 # What Tape._accumulate did with a contribution (bit 8: it first summed the contribution over the
 # broadcast axes into a scratch buffer).
@@ -19,11 +24,11 @@ SUMMED = 8
 class Schedule:
     """One recorded sweep: valid while ``fits`` (same structure, same arena position, same gradient
     buffers present)."""
-    __slots__ = ("top", "pos", "nodes", "empty", "steps", "end")
+    __slots__ = ("pos", "keys", "empty", "steps", "end")
 
     def __init__(self, tape, top, pos):
-        self.top, self.pos = top, pos
-        self.nodes = tape._nodes[:top + 1]
+        self.pos = pos
+        self.keys = list(map(_KEY, tape._nodes[:top + 1]))
         self.empty = []   # (target, whether its gradient buffer was None before the sweep)
         self.steps = []
         self.end = None
@@ -33,12 +38,8 @@ class Schedule:
         in everything the sweep reads (all but the epoch and the source line). ``req`` and ``lazy`` are
         not compared: a leaf's follow from its op (and ``s`` for a lazy constant), an op node's from its
         inputs'."""
-        if top != self.top or pos != self.pos:
+        if pos != self.pos or list(map(_KEY, tape._nodes[:top + 1])) != self.keys:   # (and so the same top)
             return False
-        for n, r in zip(tape._nodes, self.nodes):
-            if n is not r and (n[0] is not r[0] or n[1] != r[1] or n[2] != r[2] or n[3] != r[3] or n[8] != r[8]
-                               or n[10] != r[10]):
-                return False
         grads = tape._grad
         return all((grads[j] is None) is none for j, none in self.empty)
 

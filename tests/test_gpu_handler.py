@@ -20,7 +20,7 @@ from interop import jax
 from interop import program as P
 from interop.gpu_call import _handles, _optimizer
 from tapegrad.gpu.host import emulate
-from tapegrad.gpu.source import SETTAB
+from tapegrad.gpu.source import SETTAB, CudaProgram
 from tapegrad.native import build
 
 from capture_util import batches, make_opt, mlp, mlp_init, register
@@ -148,22 +148,22 @@ def test_xla_call_frames_reach_the_handler_errors(built):
     name = names["gpu_episode"] + "_cputest"
     jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(lib.tg_gpu_episode), platform="cpu")
     prog = mlp_program("adam", backend="native")
-    attrs = dict(_handles(prog, dict(graph=1, settab=2, table=3, ctl=4), emulate_cp(prog)), **_optimizer(prog))
+    attrs = dict(_handles(prog, dict(graph=1, settab=2, table=3, ctl=4), CudaProgram(prog, fuse=True)), **_optimizer(prog))
     xs, specs = operands(prog)
     call = jax.ffi.ffi_call(name, specs, vmap_method="sequential")
-    with pytest.raises(Exception, match="tg_gpu_episode: missing i64 attribute 'graph'"):
+    with pytest.raises(jax.errors.JaxRuntimeError, match="tg_gpu_episode: missing i64 attribute 'graph'"):
         call(*xs, **{k: v for k, v in attrs.items() if k != "graph"})
-    with pytest.raises(Exception, match="tg_gpu_episode: missing f64 attribute 'lr'"):
+    with pytest.raises(jax.errors.JaxRuntimeError, match="tg_gpu_episode: missing f64 attribute 'lr'"):
         call(*xs, **dict(attrs, lr=np.int64(1)))
     bad = attrs["slots"].copy()
     bad[0] = 999
-    with pytest.raises(Exception, match="operand 0 names table entry 999; the table has"):
+    with pytest.raises(jax.errors.JaxRuntimeError, match="operand 0 names table entry 999; the table has"):
         call(*xs, **dict(attrs, slots=bad))
-    with pytest.raises(Exception, match="'slots' and 'home' have"):
+    with pytest.raises(jax.errors.JaxRuntimeError, match="'slots' and 'home' have"):
         call(*xs[:-1], **attrs)
     if driver_message(lib)[0] == 0:
         pytest.skip("a CUDA driver is present: the no-driver path cannot be exercised here")
-    with pytest.raises(Exception, match="tg_gpu_episode: no CUDA driver"):   # attributes pass, then the driver
+    with pytest.raises(jax.errors.JaxRuntimeError, match="tg_gpu_episode: no CUDA driver"):   # attributes pass, then the driver
         call(*xs, **attrs)
 
 
@@ -181,11 +181,6 @@ def mlp_program(opt_kind, backend="numpy"):
     prog.attach(opt)
     prog.test_data = (params, x, y, data)
     return prog
-
-
-def emulate_cp(prog):
-    from tapegrad.gpu.source import CudaProgram
-    return CudaProgram(prog, fuse=True)
 
 
 def operands(prog, batch=0):

@@ -21,8 +21,9 @@ operand pattern plus six composites), it
 
 6. (``gpu_ops_check.py``) runs the index and scan families' kernels and slice's, concat's, max/min/prod's
    (every registry case of take, take_along_axis, index_add, index_set, the dynamic slices, cumsum,
-   cumprod, cummax, sort, slice, concat, max, min, prod) forward and backward on the device: every value
-   and gradient == the native CPU program.
+   cumprod, cummax, sort, slice, concat, max, min, prod, softmax, logsoftmax, logsumexp, lgamma, digamma)
+   forward and backward on the device: every value and gradient == the native CPU program (the libm-tier
+   ones within rtol 1e-12, lgamma within its registry ``ulps`` bound: the device's exp/log/lgamma).
 
 5. (``gpu_handler_check.py``) runs the GPU custom call's C handler ``tg_gpu_episode`` on the device with
    a driver executable in XLA's place (its own buffers, stream and call frames): the episodes it runs

@@ -49,4 +49,4 @@ def test_dry_run_compiles_ptx_without_fma_in_the_cuda_dialect(tmp_path):
     assert "built handler.so and frame.so (gcc -Werror) and the nvcc driver" in report
     # the index and scan families', layout, reduction and softmax kernels, emulated: every case's values and gradients == native
     fam = re.findall(r"^\| (\w+) \| (\d+) \| (\d+)/(\d+) \| (\d+)/(\d+) \| – \|$", report, re.M)
-    assert len(fam) == 18 and all(c == v == n and g == m for _, c, v, n, g, m in fam), report[-3000:]
+    assert len(fam) == 20 and all(c == v == n and g == m for _, c, v, n, g, m in fam), report[-3000:]

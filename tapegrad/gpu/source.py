@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from .. import ops as O
 from .. import ordered
-from . import rowspace, source_index, source_more, source_scan
+from . import rowspace, source_conv, source_index, source_more, source_scan, source_special
 from ..errors import TapeError, at
 from ..native.codegen import expr_of
 from ..native.expr import RUNTIME_FUNCS, calls, dialect
@@ -56,7 +56,7 @@ def device_form(op):
     if op.kind == "elementwise":
         fields = ["c_fwd"] + [f for f, kind in zip(("c_da", "c_db"), op.inputs) if kind == "f"]
         exprs = [expr_of(op, f) for f in fields]
-        return None not in exprs and not any(calls(e) & RUNTIME_FUNCS for e in exprs)
+        return None not in exprs and not any(calls(e) & (RUNTIME_FUNCS - source_special.DEVICE_FUNCS) for e in exprs)
     return op.name in _FORWARD
 
 
@@ -419,7 +419,8 @@ class CudaProgram:
             "#define TG_PHASE(n) 1",
             "#define TG_BARRIER() __syncthreads()",
             "#endif",
-            ""] + (self._pairwise() if self.pairwise else []) + (source_scan.argsort_source() if self.sort_helper
+            ""] + (source_special.source() if source_special.needed(self.kernels) else [])
+            + (self._pairwise() if self.pairwise else []) + (source_scan.argsort_source() if self.sort_helper
                                                                   else []) + self.kernels + [
             "#ifndef TG_HOST",
             "/* settab: point table entries at other buffers (an XLA custom call's operands), before a graph replay;",
@@ -598,6 +599,6 @@ _FORWARD = {"matmul": _matmul_fwd, "matmul_ordered": _matmul_fwd, "sum": _reduce
 _BACKWARD = {"matmul": _matmul_d, "matmul_ordered": _matmul_d, "sum": _spread_da, "mean": _spread_da,
              "sum_ordered": _spread_da, "mean_ordered": _spread_da, "reshape": _reshape_da,
              "transpose": _transpose_da, "broadcast_to": _broadcast_da, "softmax_xent": _xent_d}
-for _family in (source_index, source_scan, source_more):
+for _family in (source_index, source_scan, source_more, source_conv):
     _FORWARD.update(_family.FORWARD)
     _BACKWARD.update(_family.BACKWARD)

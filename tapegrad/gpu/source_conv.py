@@ -31,7 +31,7 @@ def _decode(var, shape, names):
 
 def _flat(terms):
     """Σ index·stride as C (``terms`` = [(index expr, stride)])."""
-    return " + ".join(f"{e} * {st}L" if st != 1 else e for e, st in terms if st) or "0L"
+    return " + ".join(f"({e}) * {st}L" if st != 1 else f"({e})" for e, st in terms if st) or "0L"
 
 
 # ── pooling ──────────────────────────────────────────────────────────────────

@@ -25,7 +25,7 @@ LIBM_RTOL = 1e-12   # libm-tier ops on the device: CUDA's exp/log/tan are within
 EPS = np.finfo(np.float64).eps
 sys.path.insert(0, str(ROOT / "tests"))
 from test_gpu_ops import FAMILY, every_case  # noqa: E402
-from test_gpu_ops_more import CONV_FAMILY, within_blas  # noqa: E402
+from test_gpu_ops_more import CONV_FAMILY, LINALG_FAMILY, within_blas  # noqa: E402
 
 
 def host_buffer(prog, cp, key):
@@ -104,13 +104,15 @@ int main(int argc, char **argv)
 
 
 TITLE = "index and scan families', slice, concat, max/min/prod, softmax, lgamma/digamma kernels"
-GROUPS = {"family": (FAMILY, TITLE), "conv": (CONV_FAMILY, "conv, max_pool, sum_pool kernels")}
+GROUPS = {"family": (FAMILY, TITLE), "conv": (CONV_FAMILY, "conv, max_pool, sum_pool kernels"),
+          "linalg": (LINALG_FAMILY, "linear-algebra kernels (serial per matrix)")}
 
 
 def run(work, nvcc, dry, arch="sm_90", group="family"):
     """(markdown lines, failures): one group's program (``GROUPS``) on the device (or the host emulation
-    with ``dry``). Tier "blas" ops (conv: a serial dot per element against the native BLAS GEMMs) are
-    held to the native suite's "blas" bound, 16 ulp of max|native|, in both."""
+    with ``dry``). Tier "blas" ops (conv, a serial dot per element against the native BLAS GEMMs; linear
+    algebra, serial factorisations and substitutions per matrix against LAPACK) are held to the native
+    suite's "blas" bound, 16 ulp of max|native|, in both."""
     names, title = GROUPS[group]
     work = pathlib.Path(work)
     work.mkdir(parents=True, exist_ok=True)

@@ -55,3 +55,7 @@ def test_dry_run_compiles_ptx_without_fma_in_the_cuda_dialect(tmp_path):
     conv = re.search(r"^\| conv \| (\d+) \| (\d+)/(\d+) \| (\d+)/(\d+) \| (\S+) \|$", report, re.M)
     assert conv and conv.group(1) == conv.group(2) == conv.group(3) and conv.group(4) == conv.group(5)
     assert 0 < float(conv.group(6)) < 1e-13, report[-3000:]
+    # the linear-algebra family (tier "blas"): every case of every op within the bound
+    la = re.findall(r"^\| (cholesky|triangular_solve|solve|logdet|logabsdet|det_sign) \| (\d+) \| (\d+)/(\d+) \| "
+                    r"(\d+)/(\d+) \| (\S+) \|$", report, re.M)
+    assert len(la) == 6 and all(c == v == n and g == m and float(d) < 1e-13 for _, c, v, n, g, m, d in la), report[-3000:]

@@ -1,8 +1,11 @@
-"""Device forms of the conv family (conv, max_pool, sum_pool), run as host C++ by the grid emulation
-against the native CPU program: pooling equal bit for bit (values and gradients, every registry case, and
-ties, NaN, signed zeros and all-padding windows, overlapping or not), conv within the "blas" bound (the
-native conv is im2col + BLAS GEMMs, the device form a serial dot per element); the generated source
-compiles with nvcc (warnings as errors) in both dtypes."""
+"""Device forms of the conv family (conv, max_pool, sum_pool) and the linear-algebra family (cholesky,
+triangular_solve, solve, logdet, logabsdet, det_sign), run as host C++ by the grid emulation against the
+native CPU program: pooling equal bit for bit (values and gradients, every registry case, and ties, NaN,
+signed zeros and all-padding windows, overlapping or not); conv and linear algebra within the "blas"
+bound (the native program calls BLAS GEMMs and LAPACK, the device forms are serial dots and textbook
+serial factorisations, one thread per element or per matrix), det_sign exactly; a matrix that is not
+positive definite or is singular gives NaN values as natively; the generated source compiles with nvcc
+(warnings as errors) in both dtypes."""
 import subprocess
 
 import numpy as np
@@ -17,6 +20,7 @@ from test_gpu import NVCC
 from test_gpu_ops import every_case
 
 CONV_FAMILY = ["conv", "max_pool", "sum_pool"]
+LINALG_FAMILY = ["cholesky", "triangular_solve", "solve", "logdet", "logabsdet", "det_sign"]
 EPS = np.finfo(np.float64).eps
 
 
@@ -28,26 +32,40 @@ def within_blas(got, want, k=16):
 
 @pytest.fixture(scope="module")
 def programs():
-    out = {}
-    for key in ("native", True, False):
-        prog, items = every_case("native" if key == "native" else "numpy", names=CONV_FAMILY)
-        if key != "native":
-            emulate(prog, key)
-        prog.forward()
-        prog.backward()
-        out[key] = (prog, items)
-    return out
+    """A family's op names -> the native program and the emulated device program (fused, per-node) of
+    every case of those ops, built on first use."""
+    cache = {}
+
+    def get(family):
+        if tuple(family) not in cache:
+            out = cache[tuple(family)] = {}
+            for key in ("native", True, False):
+                prog, items = every_case("native" if key == "native" else "numpy", names=family)
+                if key != "native":
+                    emulate(prog, key)
+                prog.forward()
+                prog.backward()
+                out[key] = (prog, items)
+        return cache[tuple(family)]
+    return get
 
 
-def test_every_conv_family_op_has_a_device_form():
-    assert all(device_form(O.OPS[name]) for name in CONV_FAMILY)
+def test_every_family_op_has_a_device_form():
+    assert all(device_form(O.OPS[name]) for name in CONV_FAMILY + LINALG_FAMILY)
 
 
-@pytest.mark.parametrize("name", CONV_FAMILY)
+def exact(u, v):
+    return np.array_equal(u, v, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", CONV_FAMILY + LINALG_FAMILY)
 @pytest.mark.parametrize("fuse", [True, False])
-def test_emulated_conv_family_kernels_match_native(programs, name, fuse):
-    (native, want), (dev, got) = programs["native"], programs[fuse]
-    same = within_blas if O.OPS[name].tier == "blas" else (lambda u, v: np.array_equal(u, v, equal_nan=True))
+def test_emulated_kernels_match_native(programs, name, fuse):
+    """conv and linear algebra within the "blas" bound (measured: at most 2 ulp of max|native|), the sign
+    of a determinant and pooling exactly."""
+    built = programs(CONV_FAMILY if name in CONV_FAMILY else LINALG_FAMILY)
+    (native, want), (dev, got) = built["native"], built[fuse]
+    same = within_blas if O.OPS[name].tier == "blas" and name != "det_sign" else exact
     checked = 0
     for (op_name, case, xs, y), (_, _, xd, yd) in zip(want, got):
         if op_name != name:
@@ -110,10 +128,35 @@ def test_pool_ties_nans_signed_zeros_and_padding_equal_native(win, stride):
     assert np.isneginf(got[0][0]).any() and np.isnan(got[0][0]).any()   # the cases are really there
 
 
+def test_failed_factorisations_give_nan_values_as_native():
+    """Fed a matrix that is not positive definite (cholesky, logdet) or exactly singular (solve), the whole
+    node's value is NaN on both backends (the other matrix of the batch included); logabsdet of the
+    singular matrix is −inf, of the other finite."""
+    bad = np.array([[[2.0, 0.0], [0.0, 1.0]], [[1.0, 2.0], [2.0, 1.0]]])
+    sing = np.array([[[1.0, 2.0], [2.0, 4.0]], [[2.0, 1.0], [0.0, 1.0]]])
+    got = []
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        x, z = tape.const(np.stack([np.eye(2)] * 2)), tape.const(np.stack([np.eye(2)] * 2))
+        ys = [tape.apply(O.OPS["cholesky"], x, None, None), tape.apply(O.OPS["logdet"], x, None, None),
+              tape.apply(O.OPS["solve"], z, tape.param(np.ones((2, 2, 1))), None),
+              tape.apply(O.OPS["logabsdet"], z, None, None)]
+        prog = tg.capture(tape, ys[0].sum() + ys[1].sum() + ys[2].sum() + ys[3].sum(), backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        prog.set_input(x, bad)
+        prog.set_input(z, sing)
+        prog.forward()
+        got.append([np.array(prog.value(y)) for y in ys])
+    for u, v in zip(*got):
+        assert exact(u, v)
+    assert all(np.isnan(u).all() for u in got[1][:3]) and got[1][3][0] == -np.inf and np.isfinite(got[1][3][1])
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_conv_family_kernels_compile_with_nvcc(tmp_path, dtype):
-    prog, _ = every_case("numpy", dtype, names=CONV_FAMILY)
+def test_conv_and_linalg_kernels_compile_with_nvcc(tmp_path, dtype):
+    prog, _ = every_case("numpy", dtype, names=CONV_FAMILY + LINALG_FAMILY)
     path = tmp_path / "conv.cu"
     path.write_text(CudaProgram(prog).src)
     r = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "--fmad=false", "-Werror", "all-warnings", str(path),

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from .. import ops as O
 from .. import ordered
-from . import rowspace, source_conv, source_index, source_more, source_scan, source_special
+from . import rowspace, source_conv, source_index, source_linalg, source_more, source_scan, source_special
 from ..errors import TapeError, at
 from ..native.codegen import expr_of
 from ..native.expr import RUNTIME_FUNCS, calls, dialect
@@ -79,6 +79,7 @@ class CudaProgram:
         self.scratch_size = 1
         self.pairwise = False   # set when a kernel calls tg_pw (then its definition is emitted)
         self.sort_helper = False   # set when a kernel sorts (then tg_argsort_line is emitted)
+        self.linalg = False   # set when a kernel calls the serial linear-algebra helpers (source_linalg)
         self.settab = f"{self.prefix}settab"
         for k in prog.compute:
             op = prog.nodes[k][0]
@@ -419,7 +420,14 @@ class CudaProgram:
             "#define TG_PHASE(n) 1",
             "#define TG_BARRIER() __syncthreads()",
             "#endif",
+            "#ifndef INFINITY   /* NVRTC includes no math.h */",
+            "#define INFINITY __int_as_float(0x7f800000)",
+            "#endif",
+            "#ifndef NAN",
+            "#define NAN __int_as_float(0x7fffffff)",
+            "#endif",
             ""] + (source_special.source() if source_special.needed(self.kernels) else [])
+            + (source_linalg.helpers(self.f32) if self.linalg else [])
             + (self._pairwise() if self.pairwise else []) + (source_scan.argsort_source() if self.sort_helper
                                                                   else []) + self.kernels + [
             "#ifndef TG_HOST",
@@ -599,6 +607,6 @@ _FORWARD = {"matmul": _matmul_fwd, "matmul_ordered": _matmul_fwd, "sum": _reduce
 _BACKWARD = {"matmul": _matmul_d, "matmul_ordered": _matmul_d, "sum": _spread_da, "mean": _spread_da,
              "sum_ordered": _spread_da, "mean_ordered": _spread_da, "reshape": _reshape_da,
              "transpose": _transpose_da, "broadcast_to": _broadcast_da, "softmax_xent": _xent_d}
-for _family in (source_index, source_scan, source_more, source_conv):
+for _family in (source_index, source_scan, source_more, source_conv, source_linalg):
     _FORWARD.update(_family.FORWARD)
     _BACKWARD.update(_family.BACKWARD)

@@ -27,9 +27,5 @@ def source():
     with open(_PATH) as f:
         text = f.read()
     return ["/* tapegrad/native/runtime_special.c, compiled for the device */",
-            "#ifndef INFINITY   /* NVRTC includes no math.h */",
-            "#define INFINITY __longlong_as_double(0x7ff0000000000000LL)",
-            "#define NAN __longlong_as_double(0x7ff8000000000000LL)",
-            "#endif",
             "#define TG_FN static __device__",
             text.rstrip(), "#undef TG_FN", ""]

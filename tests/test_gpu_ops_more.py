@@ -77,6 +77,27 @@ def test_emulated_kernels_match_native(programs, name, fuse):
     assert checked == len(O.OPS[name].cases)
 
 
+def test_float32_programs_match_native():
+    """The same claims in float32 (lgamma and digamma too: == native), the bound scaled to float32's eps."""
+    eps32 = float(np.finfo(np.float32).eps)
+    names = CONV_FAMILY + LINALG_FAMILY + ["lgamma", "digamma"]
+    native, want = every_case("native", "float32", names=names)
+    dev, got = every_case("numpy", "float32", names=names)
+    emulate(dev)
+    for p in (native, dev):
+        p.forward()
+        p.backward()
+    for (name, case, xs, y), (_, _, xd, yd) in zip(want, got):
+        for u, v in [(dev.value(yd), native.value(y))] + [(dev.grad(b), native.grad(a)) for a, b in zip(xs, xd)]:
+            u, v = np.asarray(u), np.asarray(v)
+            assert u.dtype == v.dtype == np.float32
+            if O.OPS[name].tier == "blas" and name != "det_sign":
+                tol = 16 * np.spacing(np.maximum(np.abs(u), np.abs(v))) + 16 * eps32 * np.max(np.abs(v))
+                assert np.all(np.abs(u - v) <= tol), (name, case)
+            else:
+                assert exact(u, v), (name, case)
+
+
 def test_conv_is_not_bit_equal_by_accident():
     """The bound is needed: somewhere the serial dot and the BLAS GEMM round differently (else the
     claim would be ==), and a wrong tap (one kernel position off) is far outside it."""

@@ -36,6 +36,7 @@ MODULES = {
     "tape": ("tapegrad/tape.py", ["tests/test_tape.py", "tests/test_tape_errors.py", "tests/test_tape_semantics.py",
                                   "tests/test_tape_sweep.py", "tests/test_capture_inputs.py", "tests/test_optim.py",
                                   "tests/test_bad_input_tape.py", "tests/test_names.py", "tests/test_ops_index.py"]),
+    "schedule": ("tapegrad/schedule.py", ["tests/test_schedule.py", "tests/test_tape_semantics.py", "tests/test_tape.py"]),
     "optim": ("tapegrad/optim.py", ["tests/test_optim.py", "tests/test_optim_edges.py",
                                     "tests/test_optim_continuity.py", "tests/test_capture.py"]),
     "capture": ("tapegrad/capture.py", ["tests/test_capture.py", "tests/test_capture_errors.py",
@@ -69,6 +70,8 @@ JAX_INDEX = ["tests/test_ops_index.py::" + t for t in (
 DESELECT = {
     "tape": JAX_INDEX + ["tests/test_tape.py::test_check_finite_names_the_first_bad_node_and_its_line",
              "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients"],
+    "schedule": ["tests/test_tape.py::test_check_finite_names_the_first_bad_node_and_its_line",
+                 "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients"],
     "capture": [NO_ALLOC],
     "replay": [NO_ALLOC],
     "optim": [NO_ALLOC],

@@ -77,3 +77,20 @@ def test_a_report_reads_whole_for_every_verdict():
         "the tape gives 0.5",
         "  first divergence: equation 4 (value): d = mul c c  max|Δ|=1  rel=0.5",
         "  note: one", "  note: two"]
+
+
+def test_kinks_inside_a_loop_are_reported_whole_per_iteration():
+    """relu at exact zeros inside a scan: every field of each kink (the second iteration also meets the
+    zeros the first made of the negative inputs)."""
+    import interop
+    from interop import jax, jnp
+
+    def f(x):
+        c, _ = jax.lax.scan(lambda c, _: (jax.nn.relu(c) * 2.0, None), x, None, length=2)
+        return jnp.sum(c * jnp.arange(1.0, 5.0))
+    r = interop.check_grads(f, jnp.array([0.0, 1.0, -1.0, 0.0]))
+    eqn = "a:f64[4] = custom_jvp_call[name=relu] d"
+    assert r.ok and r.verdict == "kink"
+    assert r.kinks == [
+        oracle.Kink(0, eqn, 2, "d/dx = 0", "d/dx = 0.5", "2 ties of max (a == b)", "scan (step 0) › iteration 0"),
+        oracle.Kink(0, eqn, 3, "d/dx = 0", "d/dx = 0.5", "3 ties of max (a == b)", "scan (step 0) › iteration 1")]

@@ -194,3 +194,17 @@ def test_a_window_update_whose_starts_are_node_zero():
     assert float(prog.forward()) == float(tape.value(loss))
     prog.backward()
     assert np.array_equal(prog.grad(a), tape.grad(a)) and np.array_equal(prog.grad(u), tape.grad(u))
+
+
+def test_a_scatter_whose_indices_are_node_zero():
+    """index_add's indices (node 0) size its loops: their shape must reach the printer."""
+    tape = tg.Tape()
+    idx = tape.const(np.array([2, 0, 2]))
+    a, v = tape.param(wild((4, 3))), tape.param(wild((3, 3)))
+    y = tg.index_add(a, idx, v)
+    loss = (y * y).sum()
+    tape.backward(loss)
+    prog = tg.capture(tape, loss, backend="native")
+    assert float(prog.forward()) == float(tape.value(loss))
+    prog.backward()
+    assert np.array_equal(prog.grad(a), tape.grad(a)) and np.array_equal(prog.grad(v), tape.grad(v))

@@ -1,9 +1,14 @@
 """Checkpoint reading at its edges, with whole messages naming the very file: a file of exactly the
 8 length bytes, a header that ends exactly at the end of the file, tensors of zero elements, the legacy
 npz reader's renaming, and an optimizer whose last-node parameter was reset away. No JAX."""
+import errno
 import json
+import os
 import re
 import struct
+import subprocess
+import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -213,3 +218,121 @@ def test_an_optimizer_whose_last_node_parameter_was_reset_away(tmp_path, who):
     fn = (lambda: tg.save(path, tape, opt)) if who == "save" else (lambda: tg.load(path, tape, opt))
     refuses(tg.ForeignVarError, f"{who}: the optimizer's parameter 0 (node 1) was dropped by reset_to; register "
                                 f"parameters before the mark, or build a new optimizer", fn)
+
+
+def test_a_length_with_the_top_bit_set_is_read_unsigned(tmp_path):
+    path = write(tmp_path / "huge", b"\xff" * 8 + b"{}")
+    refuses(tg.CheckpointError, bad(path, f"header length {2 ** 64 - 1} exceeds the file (10 bytes): truncated or not "
+                                          f"safetensors"), lambda: tg.load(path, tg.Tape()))
+
+
+@pytest.mark.parametrize("shapes", [[(1,)], [(3,), (2, 2)], [(5,), (1,), (7,)], []])
+def test_the_data_section_starts_8_byte_aligned(tmp_path, shapes):
+    path = str(tmp_path / "ck.safetensors")
+    tape = tg.Tape()
+    for k, s in enumerate(shapes):
+        tape.param(np.ones(s), name="n" * (k + 3))       # header lengths of every residue mod 8
+    tg.save(path, tape)
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+    assert n % 8 == 0
+
+
+def test_encode_writes_little_endian_data_whatever_the_arrays_byte_order():
+    big = np.array([1.0, -2.5, 3.0], dtype=">f8")
+    blob = C.encode([("x", big), ("y", np.array([0.5], dtype="<f4"))], {"k": "v"})
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    assert header["x"] == {"dtype": "F64", "shape": [3], "data_offsets": [0, 24]}
+    assert header["y"] == {"dtype": "F32", "shape": [1], "data_offsets": [24, 28]}
+    assert header["__metadata__"] == {"k": "v"}
+    data = blob[8 + n:]
+    assert data[:24] == np.array([1.0, -2.5, 3.0], "<f8").tobytes() and data[24:] == np.array([0.5], "<f4").tobytes()
+
+
+def test_the_temporary_carries_the_target_name_and_the_writers_pid(tmp_path, monkeypatch):
+    path = str(tmp_path / "ck.safetensors")
+    seen = []
+    fsync = os.fsync
+
+    def spy(fd):
+        seen.append(sorted(os.listdir(tmp_path)))
+        return fsync(fd)
+    monkeypatch.setattr(os, "fsync", spy)
+    tape = tg.Tape()
+    tape.param(np.ones(2))
+    tg.save(path, tape)
+    tmps = [n for n in seen[0] if n != "ck.safetensors"]
+    assert len(tmps) == 1 and tmps[0].startswith(f".ck.safetensors.tmp-{os.getpid()}-")
+
+
+def test_a_dead_writers_temporary_is_swept_by_the_next_save(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    stale = tmp_path / f".ck.safetensors.tmp-{dead}-abc"
+    other = tmp_path / f".other.tmp-{dead}-abc"
+    stale.write_bytes(b"half a checkpoint")
+    other.write_bytes(b"another file's temporary")
+    tape = tg.Tape()
+    tape.param(np.ones(2))
+    tg.save(str(tmp_path / "ck.safetensors"), tape)
+    assert sorted(os.listdir(tmp_path)) == [".other.tmp-" + f"{dead}-abc", "ck.safetensors"]
+
+
+def test_a_temporary_that_cannot_be_created_is_named_by_its_reason(tmp_path, monkeypatch):
+    def refuse(**kw):
+        raise PermissionError(errno.EACCES, "Permission denied")
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    path = str(tmp_path / "ck.safetensors")
+    tape = tg.Tape()
+    tape.param(np.ones(2))
+    refuses(tg.CheckpointError, f"save: cannot write {path}: Permission denied", lambda: tg.save(path, tape))
+    assert os.listdir(tmp_path) == []
+
+
+def test_an_extra_array_in_a_legacy_file_is_ignored(tmp_path):
+    meta = {"format": "tapegrad-checkpoint-1", "dtype": "float64", "params": [[2]]}
+    path = legacy(tmp_path / "old.npz", {"param_0": np.array([1.0, 2.0]), "extra_0": np.ones(3),
+                                         "notes": np.ones(1)}, meta)
+    _, got = C.read(path)
+    assert sorted(got) == [".notes", "extra.0", "params.0"]
+    tape = tg.Tape()
+    a = tape.param(np.zeros(2))
+    tg.load(path, tape)
+    assert tape.value(a).tolist() == [1.0, 2.0]
+
+
+def test_an_optimizer_that_never_stepped_round_trips(tmp_path):
+    path = str(tmp_path / "ck.safetensors")
+    tape = tg.Tape()
+    w = tape.param(np.array([1.0, 2.0]))
+    opt = tg.Adam(0.1)
+    opt.add(tape, w)
+    tg.save(path, tape, opt)
+    opt.count = 5
+    opt.mu[0][...] = 1.0
+    tg.load(path, tape, opt)
+    assert opt.count == 0 and opt.mu[0].tolist() == [0.0, 0.0]
+
+
+def test_names_are_checked_only_where_both_sides_have_one(tmp_path):
+    path = str(tmp_path / "ck.safetensors")
+    tape = tg.Tape()
+    tape.param(np.ones(2), name="W")
+    tape.param(np.full(3, 2.0))
+    tape.param(np.full(1, 3.0), name="c")
+    tg.save(path, tape)
+    assert C.read(path)[0]["names"] == ["W", None, "c"]
+
+    def target(*names):
+        t = tg.Tape()
+        ps = [t.param(np.zeros(s), **({"name": n} if n else {})) for s, n in zip(((2,), (3,), (1,)), names)]
+        return t, ps
+    for names in ((None, None, None), ("W", "b", None), ("W", "b", "c"), (None, "x", "c")):
+        t, ps = target(*names)
+        tg.load(path, t)
+        assert [t.value(p).tolist() for p in ps] == [[1.0, 1.0], [2.0, 2.0, 2.0], [3.0]]
+    t, ps = target("W", None, "d")
+    refuses(tg.TapeError, "load: parameter 2 (node 2) is named 'd' on the tape, 'c' in the checkpoint",
+            lambda: tg.load(path, t))
+    assert [t.value(p).tolist() for p in ps] == [[0.0, 0.0], [0.0, 0.0, 0.0], [0.0]]

@@ -47,7 +47,7 @@ MODULES = {
                                         "tests/test_capture_data.py", "tests/test_capture_sync.py"]),
     "checkpoint": ("tapegrad/checkpoint.py", ["tests/test_optim.py", "tests/test_checkpoint_atomic.py",
                                               "tests/test_checkpoint_errors.py", "tests/test_faults_checkpoint.py",
-                                              "tests/test_checkpoint_formats.py"]),
+                                              "tests/test_checkpoint_formats.py", "tests/test_names.py"]),
     "replay": ("tapegrad/replay.py", ["tests/test_capture.py", "tests/test_capture_errors.py", "tests/test_tape_sweep.py",
                                       "tests/test_optim_continuity.py", "tests/test_capture_inputs.py"]),
     "ops": ("tapegrad/ops.py", ["tests/test_ops.py", "tests/test_tape.py", "tests/test_native_reductions.py"]),

@@ -336,3 +336,36 @@ def test_names_are_checked_only_where_both_sides_have_one(tmp_path):
     refuses(tg.TapeError, "load: parameter 2 (node 2) is named 'd' on the tape, 'c' in the checkpoint",
             lambda: tg.load(path, t))
     assert [t.value(p).tolist() for p in ps] == [[0.0, 0.0], [0.0, 0.0, 0.0], [0.0]]
+
+
+def test_metadata_errors_name_the_file(tmp_path):
+    path = saved(tmp_path, tg.SGD(0.1))
+    tape = tg.Tape()
+    tape.param(np.zeros((1, 2)))
+    tape.param(np.zeros(1))
+    edit_header(path, lambda h: h["__metadata__"].update(format="tapegrad-checkpoint-9"))
+    refuses(tg.CheckpointError, bad(path, "expected metadata format 'tapegrad-checkpoint-2', got "
+                                          "'tapegrad-checkpoint-9'"), lambda: tg.load(path, tape))
+    path = saved(tmp_path, tg.SGD(0.1))
+    edit_header(path, lambda h: h["__metadata__"].pop("tapegrad"))
+    refuses(tg.CheckpointError, bad(path, "its 'tapegrad' metadata is missing or not JSON (KeyError('tapegrad'))"),
+            lambda: tg.load(path, tape))
+
+
+def test_a_negative_optimizer_count_names_the_file(tmp_path):
+    tape = tg.Tape()
+    w = tape.param(np.array([[1.0, 2.0]]))
+    b = tape.param(np.array([3.0]))
+    opt = tg.SGD(0.1)
+    opt.add(tape, w)
+    opt.add(tape, b)
+    path = str(tmp_path / "ck.safetensors")
+    tg.save(path, tape, opt)
+
+    def negative(h):
+        inner = json.loads(h["__metadata__"]["tapegrad"])
+        inner["optimizer"]["count"] = -2
+        h["__metadata__"]["tapegrad"] = json.dumps(inner)
+    edit_header(path, negative)
+    refuses(tg.CheckpointError, bad(path, "optimizer count -2 is negative"), lambda: tg.load(path, tape, opt))
+    assert opt.count == 0 and tape.value(b).tolist() == [3.0]

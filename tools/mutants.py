@@ -45,7 +45,7 @@ MODULES = {
                                         "tests/test_capture_inputs.py",
                                         "tests/test_optim_continuity.py", "tests/test_tape_sweep.py",
                                         "tests/test_capture_data.py", "tests/test_capture_sync.py",
-                                        "tests/test_capture_paths.py"]),
+                                        "tests/test_capture_paths.py", "tests/test_capture_device.py"]),
     "checkpoint": ("tapegrad/checkpoint.py", ["tests/test_optim.py", "tests/test_checkpoint_atomic.py",
                                               "tests/test_checkpoint_errors.py", "tests/test_faults_checkpoint.py",
                                               "tests/test_checkpoint_formats.py", "tests/test_names.py"]),

@@ -36,7 +36,7 @@ MODULES = {
     "tape": ("tapegrad/tape.py", ["tests/test_tape.py", "tests/test_tape_errors.py", "tests/test_tape_semantics.py",
                                   "tests/test_tape_sweep.py", "tests/test_capture_inputs.py", "tests/test_optim.py",
                                   "tests/test_bad_input_tape.py", "tests/test_names.py", "tests/test_ops_index.py",
-                                  "tests/test_tape_reports.py"]),
+                                  "tests/test_tape_reports.py", "tests/test_tape_edges.py"]),
     "optim": ("tapegrad/optim.py", ["tests/test_optim.py", "tests/test_optim_edges.py",
                                     "tests/test_optim_continuity.py", "tests/test_capture.py",
                                     "tests/test_optim_args.py"]),
@@ -65,7 +65,8 @@ NO_ALLOC = "tests/test_capture.py::test_numpy_episode_allocates_no_arrays_after_
 JAX_INDEX = ["tests/test_ops_index.py::" + t for t in (
     "test_strided_slices_flip_split_stack", "test_embedding_bag_classifier_with_integer_labels",
     "test_masked_causal_attention_with_minus_inf", "test_gru_unrolled_by_a_python_loop_matches_lax_scan",
-    "test_graph_convolution_with_scatter_add", "test_cnn_with_integer_labels")]   # these run JAX (the data-input tests before them do not)
+    "test_graph_convolution_with_scatter_add", "test_cnn_with_integer_labels",
+    "test_data_slots_are_part_of_the_program_inside_jax_jit")]   # these run JAX (the data-input tests before them do not)
 DESELECT = {
     "tape": JAX_INDEX + ["tests/test_tape.py::test_check_finite_names_the_first_bad_node_and_its_line",
              "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients"],

@@ -369,3 +369,19 @@ def test_dynamic_update_slice_routes_the_gradient_around_and_into_the_window():
     assert tape.value(y).tolist() == [0.0, 5.0, 6.0, 0.0]
     tape.backward((y * tape.const(np.array([1.0, 2.0, 3.0, 4.0]))).sum())
     assert tape.grad(a).tolist() == [1.0, 0.0, 0.0, 4.0] and tape.grad(u).tolist() == [2.0, 3.0]
+
+
+def test_a_float32_tape_computes_in_float32_down_to_its_forward_scratch():
+    a = np.random.default_rng(7).standard_normal((3, 500)).astype(np.float32) * 4
+    tape = tg.Tape(np.float32)
+    y = tape.param(a).softmax(axis=1)
+    e = np.exp(a - a.max(axis=1, keepdims=True))
+    want = e / np.add.reduce(e, axis=1, keepdims=True)        # every step in float32, as the rule does
+    assert want.dtype == np.float32 and np.array_equal(tape.value(y), want)
+
+
+def test_a_python_list_is_rounded_once_into_a_float32_tape():
+    x = 2 ** 53 + 2 ** 29 + 1          # nearer 2**53 + 2**30 in float32; through float64 it would tie down to 2**53
+    tape = tg.Tape(np.float32)
+    for v in (tape.param([x]), tape.const([x])):
+        assert tape.value(v).dtype == np.float32 and int(tape.value(v)[0]) == 2 ** 53 + 2 ** 30

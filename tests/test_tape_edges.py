@@ -4,6 +4,7 @@ fields the node table documents, ordered tapes, poisoned Vars after a reset, dro
 float32 buffers on every path, cold memo tables. No JAX."""
 import math
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -385,3 +386,13 @@ def test_a_python_list_is_rounded_once_into_a_float32_tape():
     tape = tg.Tape(np.float32)
     for v in (tape.param([x]), tape.const([x])):
         assert tape.value(v).dtype == np.float32 and int(tape.value(v)[0]) == 2 ** 53 + 2 ** 30
+
+
+def test_a_direct_apply_names_the_line_that_called_it():
+    # (deselected under mutation testing: there every call passes through mutmut's trampoline)
+    tape = tg.Tape(check_finite=True)
+    x = tape.param(np.array([-1.0]))
+    line = sys._getframe().f_lineno + 2
+    with pytest.raises(NonFiniteError) as e, np.errstate(invalid="ignore"):
+        tape.apply(O.sqrt, x)
+    assert str(e.value).endswith(f"created at test_tape_edges.py:{line}")

@@ -69,7 +69,8 @@ JAX_INDEX = ["tests/test_ops_index.py::" + t for t in (
     "test_data_slots_are_part_of_the_program_inside_jax_jit")]   # these run JAX (the data-input tests before them do not)
 DESELECT = {
     "tape": JAX_INDEX + ["tests/test_tape.py::test_check_finite_names_the_first_bad_node_and_its_line",
-             "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients"],
+             "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients",
+             "tests/test_tape_edges.py::test_a_direct_apply_names_the_line_that_called_it"],
     "capture": [NO_ALLOC],
     "replay": [NO_ALLOC],
     "optim": [NO_ALLOC],

@@ -396,3 +396,23 @@ def test_a_direct_apply_names_the_line_that_called_it():
     with pytest.raises(NonFiniteError) as e, np.errstate(invalid="ignore"):
         tape.apply(O.sqrt, x)
     assert str(e.value).endswith(f"created at test_tape_edges.py:{line}")
+
+
+def test_a_three_input_data_op_on_a_lazy_constant_keeps_its_indices():
+    tape = tg.Tape()
+    k = tape.const_lazy((4,))
+    idx = tape.const(np.array([3, 3]))
+    y = tg.index_add(k, idx, np.array([1.0, 2.0]))
+    ny = tape.nodes[y.id]
+    assert (ny.op.name, ny.a, ny.c, ny.lazy, ny.shape) == ("index_add", k.id, idx.id, True, (4,))
+    prog = tg.capture(tape, (y * y).sum())
+    prog.set_input(k, np.zeros(4))
+    assert float(prog.forward()) == 9.0
+
+
+def test_without_check_finite_a_data_op_may_overflow():
+    tape = tg.Tape()
+    x = tape.param(np.array([1e308, 0.0]))
+    with np.errstate(over="ignore"):
+        y = tg.index_add(x, np.array([0]), np.array([1e308]))
+    assert tape.value(y)[0] == np.inf and tape.ok

@@ -1,4 +1,5 @@
-"""Eager tape vs hand-written NumPy (no AD, the floor): µs per MLP training step and per-op overhead.
+"""Eager tape vs hand-written NumPy (no AD, the floor): µs per MLP training step and per-op overhead
+(the per-op chain also in PyTorch eager, where torch is installed: it is not a dependency).
 
 One run measures every system side by side (interleaved repeats, median), because this machine is
 shared and absolute times drift; the ratios are the result. ``--quick`` for a smoke run.
@@ -70,8 +71,8 @@ def numpy_step(batch, sizes):
     return step
 
 
-def chain_tape(n=100):
-    tape = tg.Tape()
+def chain_tape(n=100, sources=True):
+    tape = tg.Tape(sources=sources)
     x = tape.param(np.linspace(0.1, 0.4, 4))
     start = tape.mark()
 
@@ -101,6 +102,24 @@ def chain_numpy(n=100):
             gx += g * yin
             g = g * x
         gx += g
+    return run
+
+
+def chain_torch(n=100):
+    """The same chain in PyTorch eager (autograd), one thread; None where torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    x = torch.linspace(0.1, 0.4, 4, dtype=torch.float64, requires_grad=True)
+
+    def run():
+        y = x
+        for _ in range(n // 2):
+            y = torch.tanh(y * x)
+        y.sum().backward()
+        x.grad = None
     return run
 
 
@@ -142,12 +161,19 @@ def main():
                           "numpy": numpy_step(batch, sizes)}, reps, inner)
         print(f"| {name} ({batch}; {'-'.join(map(str, sizes))}) | {t['tape']:.0f} | {t['lean']:.0f} | "
               f"{t['numpy']:.0f} | {t['tape'] / t['numpy']:.2f}× | {t['lean'] / t['numpy']:.2f}× |")
-    t = side_by_side({"tape": chain_tape(), "numpy": chain_numpy()}, reps, inner // 4 or 1)
+    chains = {"tape": chain_tape(), "lean": chain_tape(sources=False), "numpy": chain_numpy()}
+    torch_chain = chain_torch()
+    if torch_chain is not None:
+        chains["torch"] = torch_chain
+    t = side_by_side(chains, reps, inner // 4 or 1)
     print()
-    print("| 100-op elementwise chain + backward, shape (4,) | µs per op |")
-    print("|---|---:|")
-    print(f"| tapegrad eager tape | {t['tape'] / 100:.2f} |")
-    print(f"| hand-written NumPy (no AD) | {t['numpy'] / 100:.2f} |")
+    print("| 100-op elementwise chain + backward, shape (4,) | µs per op | vs PyTorch |")
+    print("|---|---:|---:|")
+    for key, label in (("tape", "tapegrad eager tape"), ("lean", "tapegrad eager tape, sources=False"),
+                       ("numpy", "hand-written NumPy (no AD)"), ("torch", "PyTorch eager, 1 thread")):
+        if key in t:
+            vs = f"{t[key] / t['torch']:.2f}×" if "torch" in t else "—"
+            print(f"| {label} | {t[key] / 100:.2f} | {vs} |")
 
 
 if __name__ == "__main__":

@@ -252,6 +252,24 @@ def main():
         print(f"| {lab} | " + " | ".join(
             f"{sc[n][lab]:,.1f}" + ("" if lab == pj else f" ({sc[n][pj] / sc[n][lab]:.2f}×)") for n in names) + " |")
     print("\n(×) = speed-up over plain JAX measured in the same run")
+    small = [n for n in names if n in ("tiny", "small")]
+    if small:
+        print("\n| native episode by part, µs per call (one ctypes call each) | " +
+              " | ".join(label(n) for n in small) + " |")
+        print("|---|" + "---:|" * len(small))
+        parts = {n: episode_parts(n, args.quick) for n in small}
+        for lab in parts[small[0]]:
+            print(f"| {lab} | " + " | ".join(f"{parts[n][lab]:,.1f}" for n in small) + " |")
+
+
+def episode_parts(name, quick=False):
+    """Where a native episode's time goes: forward + backward, and the optimizer step alone (Adam in
+    optax's form: three divisions and a square root per parameter), beside the whole episode."""
+    prog = setup(name)[0]
+    r = prog.runner
+    reps, inner = (3, 10) if quick else (11, 200) if name == "tiny" else (11, 20)
+    return side_by_side({"forward + backward": lambda: (r.forward(), r.backward()),
+                         "optimizer step (Adam)": r.step, "whole episode": r.episode}, reps, inner)
 
 
 def label(n):

@@ -19,6 +19,16 @@ operand pattern plus six composites), it
      must again be bit-exact, elsewhere the ulp distance is reported and ``device_close`` is asserted;
    - the C body shows what contraction does: the count of inputs whose result differs from the tape.
 
+6. (``gpu_ops_check.py``) runs the index and scan families' kernels and slice's, concat's, max/min/prod's
+   (every registry case of take, take_along_axis, index_add, index_set, the dynamic slices, cumsum,
+   cumprod, cummax, sort, slice, concat, max, min, prod) forward and backward on the device: every value
+   and gradient == the native CPU program.
+
+5. (``gpu_handler_check.py``) runs the GPU custom call's C handler ``tg_gpu_episode`` on the device with
+   a driver executable in XLA's place (its own buffers, stream and call frames): the episodes it runs
+   == the ordered CPU tape, the pointer table is restored, µs per call beside the bare graph replay.
+   It needs jax's ``c_api.h`` (an installed jax, or ``--ffi-include DIR``) and gcc; without them it says so.
+
 4. (``gpu_programs.py``) builds the generated CUDA program of an MLP training episode (Adam, mse; sizes
    tiny…large) into an executable per variant and checks: ordered GPU program == the ordered CPU tape,
    fused == per-node, the cuBLAS-GEMM program within rtol 1e-10 of the native CPU backend; it reports
@@ -66,6 +76,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import test_emit as T  # noqa: E402  (the oracle's programs, sampler, tape recorder and libm call table)
 sys.path.insert(0, str(ROOT / "experiments"))
 import gpu_programs as GP  # noqa: E402  (the captured MLP program's CUDA source on the device)
+import gpu_handler_check as GH  # noqa: E402  (the GPU custom call's C handler on the device, XLA played by a driver)
+import gpu_ops_check as GO  # noqa: E402  (the index and scan families' kernels on the device)
 
 EPS = np.finfo(np.float64).eps
 THREADS = 128
@@ -517,7 +529,26 @@ def programs(args, out):
                   f"{'yes' if r.returncode == 0 else 'NO: ' + r.stderr[-500:]}")
         if r.returncode:
             failed.append("device build")
-    return ["", f"## captured MLP programs ({time.time() - t:.1f}s)", ""] + md, failed
+    hmd, hfailed = GH.run(work / "handler", NVCC, args.dry, args.arch, args.ffi_include)
+    omd, ofailed = GO.run(work / "family", NVCC, args.dry, args.arch)
+    jmd, jfailed = jax_tests(args.dry)
+    return (["", f"## captured MLP programs ({time.time() - t:.1f}s)", ""] + md + hmd + omd + jmd,
+            failed + hfailed + ofailed + jfailed)
+
+
+def jax_tests(dry):
+    """The JAX side on the GPU: tests/test_gpu_jax.py (the jitted CUDA custom call == the native program) and
+    tests/test_dlpack_gpu.py (CuPy <-> JAX without copies, stream-ordered). They need CuPy and JAX's CUDA
+    backend and skip without them; the report says which."""
+    head = ["", "## JAX on the GPU: the custom call under jax.jit, DLPack with CuPy", ""]
+    if dry:
+        return head + ["- not run: no GPU (dry run); on the CPU these tests skip"], []
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                        str(ROOT / "tests" / "test_gpu_jax.py"), str(ROOT / "tests" / "test_dlpack_gpu.py")],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    tail = [line for line in r.stdout.strip().splitlines() if line.strip()][-6:]
+    return head + ["```"] + tail + ["```"], ([] if r.returncode == 0 else ["JAX/CuPy GPU tests"])
 
 
 def main(argv=None):
@@ -530,6 +561,8 @@ def main(argv=None):
     ap.add_argument("--out", type=pathlib.Path, help="directory for sources, PTX and report.md")
     ap.add_argument("--programs", default=None, help="MLP sizes for the program check, comma-separated "
                                                      "(tiny,small,medium,large; default: all on a GPU, tiny with --dry)")
+    ap.add_argument("--ffi-include", default=None, help="folder holding xla/ffi/api/c_api.h for the handler check "
+                                                         "(default: the installed jax's)")
     args = ap.parse_args(argv)
     out = args.out or pathlib.Path(tempfile.mkdtemp(prefix="gpu_check_"))
     out.mkdir(parents=True, exist_ok=True)

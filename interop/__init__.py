@@ -1,6 +1,7 @@
 """interop: tapegrad inside JAX — every import of jax in the project lives here.
 
-- ``to_jax`` / ``from_jax`` (and ``cupy_to_jax`` / ``jax_to_cupy``): zero-copy DLPack bridges.
+- ``to_jax`` / ``from_jax`` (and ``cupy_to_jax`` / ``jax_to_cupy``, stream-ordered): zero-copy DLPack bridges;
+  ``preallocation_advice()`` says when JAX's GPU preallocation would starve CuPy.
 - ``jax_function(build)``: a function recorded on a tape as a differentiable JAX function.
 - ``program_call(program)`` / ``program_episode(program)``: a captured native program as an XLA FFI
   custom call inside ``jax.jit`` (differentiable, batchable, per-shard under ``shard_map``).
@@ -10,14 +11,14 @@
 
 Module map: ``dlpack`` (bridges), ``callback`` (the one place that picks the host-callback
 mechanism), ``function`` (jax_function), ``program`` + ``tg_xla.c`` (FFI custom calls and their
-fallback), ``oracle`` + ``oracle_replay`` + ``oracle_loops`` + ``oracle_rules`` (check_grads: the report,
+fallback), ``gpu_call`` + ``tg_gpu.c`` (the episode as a CUDA custom call), ``oracle`` + ``oracle_replay`` + ``oracle_loops`` + ``oracle_rules`` (check_grads: the report,
 the replay of a jaxpr, its loops and branches, the primitive table), ``parity`` (optax).
 
 Importing interop changes no JAX setting (see ``interop._jax``): the oracle scopes its own 64-bit
 mode, and float64 programs ask for it when it is off.
 """
 from ._jax import jax, jnp
-from .dlpack import CopyWarning, cupy_to_jax, from_jax, jax_to_cupy, to_jax
+from .dlpack import CopyWarning, cupy_to_jax, from_jax, jax_to_cupy, preallocation_advice, to_jax
 from .function import TransformError, jax_function
 from .oracle import (Divergence, GradientMismatchError, GradReport, Kink, Precision, TracingError,
                      UnsupportedPrimitiveError, assert_grads, check_grads)
@@ -25,7 +26,7 @@ from .parity import ParityReport, compare_with_optax, optax_chain
 from .program import (ProgramError, SGDState, episode_state, flatten_state, program_call, program_episode,
                       program_inputs, unflatten_state)
 
-__all__ = ["jax", "jnp", "CopyWarning", "to_jax", "from_jax", "cupy_to_jax", "jax_to_cupy",
+__all__ = ["jax", "jnp", "CopyWarning", "to_jax", "from_jax", "cupy_to_jax", "jax_to_cupy", "preallocation_advice",
            "TransformError", "jax_function", "Divergence", "GradReport", "Kink", "Precision",
            "UnsupportedPrimitiveError", "TracingError", "GradientMismatchError", "check_grads", "assert_grads",
            "ParityReport", "compare_with_optax", "optax_chain", "ProgramError", "SGDState", "episode_state",

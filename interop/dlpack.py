@@ -152,37 +152,106 @@ def _cupy():
     return cupy
 
 
-def cupy_to_jax(array: Any, copy: Optional[bool] = None) -> "jax.Array":
-    """A JAX GPU array sharing a CuPy array's memory (stream-ordered by DLPack's ``stream=``).
+PREALLOCATION = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                 "XLA_PYTHON_CLIENT_ALLOCATOR")
 
-    ``copy=True`` copies on the device first (``cupy.ascontiguousarray(array).copy()``); a strided
-    array is copied with a ``CopyWarning`` under ``copy=None`` and refused under ``copy=False``.
+
+def preallocation_advice(environ: Optional[Any] = None) -> Optional[str]:
+    """None when JAX leaves a GPU room for CuPy, else what to set (before JAX starts on the GPU).
+
+    JAX preallocates 75% of a GPU's memory at its first operation; CuPy's memory pool (a program
+    captured with ``backend="cupy"``, or arrays shared over DLPack) then runs out. Any of
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (allocate on demand), ``XLA_CLIENT_MEM_FRACTION=.XX``
+    (preallocate less; ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is its older name) or
+    ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` leaves room.
+
+    >>> from interop.dlpack import preallocation_advice
+    >>> preallocation_advice({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}) is None
+    True
+    >>> preallocation_advice({}).split(":")[0]
+    'JAX preallocates 75% of GPU memory at its first operation, which starves CuPy'
+    """
+    import os
+    env = os.environ if environ is None else environ
+    if env.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").strip().lower() in ("false", "0"):
+        return None
+    if env.get("XLA_CLIENT_MEM_FRACTION") or env.get("XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        return None
+    if env.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower() == "platform":
+        return None
+    return ("JAX preallocates 75% of GPU memory at its first operation, which starves CuPy: set "
+            "XLA_PYTHON_CLIENT_PREALLOCATE=false (or XLA_CLIENT_MEM_FRACTION=.50) in the environment before "
+            "JAX starts")
+
+
+_ADVISED = []
+
+
+def _advise_once():
+    why = preallocation_advice()
+    if why and not _ADVISED:
+        _ADVISED.append(why)
+        warnings.warn(f"interop: {why}", ResourceWarning, stacklevel=3)
+
+
+class _Current:
+    """No stream switch: CuPy's current stream stays what it is."""
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def cupy_to_jax(array: Any, copy: Optional[bool] = None, stream: Any = None) -> "jax.Array":
+    """A JAX GPU array sharing a CuPy array's memory, ordered after the work that wrote it.
+
+    ``stream``: the CuPy stream whose work wrote ``array`` (default: CuPy's current stream). DLPack
+    orders JAX after *that* stream: CuPy records an event on its current stream and JAX's stream waits
+    for it, so writes queued on another stream would race. A program captured with ``backend="cupy"``
+    runs on its own stream, ``program.runner.stream``: pass it. ``copy=True`` copies on the device first
+    (on ``stream``, so after the writes; never DLPack's own ``copy=True``, which CuPy refuses for device
+    arrays); a strided array is copied with a ``CopyWarning`` under ``copy=None`` and refused under
+    ``copy=False``. Warns once (``ResourceWarning``) when JAX's preallocation would starve CuPy
+    (``preallocation_advice``).
     """
     cp = _cupy()
     if copy not in (None, True, False):
         raise ValueError(f"cupy_to_jax: copy must be None, True or False, got {copy!r}")
-    if copy is True:
-        return jnp.from_dlpack(array.copy())
-    if not (array.flags.c_contiguous or array.flags.f_contiguous):
-        why = f"it is strided (strides {array.strides}); JAX only imports compact arrays"
-        if copy is False:
-            raise ValueError(f"cupy_to_jax: cannot share without a copy: {why}")
-        warnings.warn(f"cupy_to_jax: copying: {why}", CopyWarning, stacklevel=2)
-        array = cp.ascontiguousarray(array)
-    return jnp.from_dlpack(array)
+    _advise_once()
+    with stream if stream is not None else _Current():
+        if copy is True:
+            return jnp.from_dlpack(cp.ascontiguousarray(array).copy())
+        if not (array.flags.c_contiguous or array.flags.f_contiguous):
+            why = f"it is strided (strides {array.strides}); JAX only imports compact arrays"
+            if copy is False:
+                raise ValueError(f"cupy_to_jax: cannot share without a copy: {why}")
+            warnings.warn(f"cupy_to_jax: copying: {why}", CopyWarning, stacklevel=2)
+            array = cp.ascontiguousarray(array)
+        return jnp.from_dlpack(array)
 
 
-def jax_to_cupy(x: "jax.Array", copy: Optional[bool] = None) -> Any:
-    """A CuPy array sharing a JAX GPU array's memory. Treat it as read-only: JAX arrays are immutable
-    and CuPy cannot mark memory read-only. ``copy=True`` gives an independent CuPy array."""
+def jax_to_cupy(x: "jax.Array", copy: Optional[bool] = None, stream: Any = None) -> Any:
+    """A CuPy array sharing a JAX GPU array's memory, ready for use on ``stream``.
+
+    ``stream``: the CuPy stream that will use the array (default: CuPy's current stream). CuPy hands it
+    to JAX's ``__dlpack__``, and JAX makes it wait for the computation that produces ``x``; work on
+    another stream is not ordered. Treat the result as read-only: JAX arrays are immutable and CuPy
+    cannot mark memory read-only. ``copy=True`` gives an independent CuPy array (copied on ``stream``).
+    """
     cp = _cupy()
     if copy not in (None, True, False):
         raise ValueError(f"jax_to_cupy: copy must be None, True or False, got {copy!r}")
-    if copy is True:
-        return cp.from_dlpack(x).copy()
-    if {d.platform for d in x.devices()} != {"gpu"}:
-        if copy is False:
-            raise ValueError("jax_to_cupy: the array is not on a GPU; CuPy cannot view host memory without a copy")
-        warnings.warn("jax_to_cupy: copying a host array to the GPU", CopyWarning, stacklevel=2)
-        return cp.asarray(np.asarray(x))
-    return cp.from_dlpack(x)
+    on_gpu = {d.platform for d in x.devices()} == {"gpu"}
+    if on_gpu:
+        _advise_once()
+    with stream if stream is not None else _Current():
+        if not on_gpu:
+            if copy is False:
+                raise ValueError("jax_to_cupy: the array is not on a GPU; CuPy cannot view host memory without a copy")
+            if copy is None:
+                warnings.warn("jax_to_cupy: copying a host array to the GPU", CopyWarning, stacklevel=2)
+            return cp.asarray(np.asarray(x))
+        y = cp.from_dlpack(x)
+        return y.copy() if copy is True else y

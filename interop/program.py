@@ -24,6 +24,7 @@ from typing import Any, Callable, NamedTuple, Optional, Union
 
 import numpy as np
 
+import tapegrad.native as native_pkg
 from tapegrad.capture import Program
 from tapegrad.errors import TapeError
 
@@ -49,11 +50,23 @@ class ProgramError(TapeError, ValueError):
 # ── the native library ───────────────────────────────────────────────────────
 
 def _source():
-    with open(os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")) as f:
-        header = f.read()
-    with open(os.path.join(_HERE, "tg_xla.c")) as f:
-        body = f.read()
-    return header + "\n" + body
+    """c_api.h, Adam's step scalars (tapegrad's C, shared with the native runtime), tg_xla.c, tg_gpu.c."""
+    parts = [os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h"),
+             os.path.join(os.path.dirname(os.path.abspath(native_pkg.__file__)), "step_scalars.c"),
+             os.path.join(_HERE, "tg_xla.c"), os.path.join(_HERE, "tg_gpu.c")]
+    text = []
+    for path in parts:
+        with open(path) as f:
+            text.append(f.read())
+    return "\n".join(text)
+
+
+def _cuda_platform():
+    """Whether jax has a CUDA backend in this process (the GPU custom call is registered only then)."""
+    try:
+        return bool(jax.devices("cuda"))
+    except RuntimeError:
+        return False
 
 
 def native_library() -> Optional[tuple[ctypes.CDLL, dict[str, str]]]:
@@ -79,12 +92,16 @@ def native_library() -> Optional[tuple[ctypes.CDLL, dict[str, str]]]:
         lib.tg_load.argtypes, lib.tg_load.restype = [ctypes.c_void_p], ctypes.c_int
         lib.tg_unload.argtypes, lib.tg_unload.restype = [ctypes.c_int64], ctypes.c_int
         lib.tg_stats.argtypes, lib.tg_stats.restype = [ctypes.c_int64, ctypes.c_void_p], ctypes.c_int
+        lib.tg_gpu_driver.argtypes, lib.tg_gpu_driver.restype = [ctypes.c_char_p, ctypes.c_int64], ctypes.c_int
         jax.devices()
         h8 = hashlib.sha256(src.encode()).hexdigest()[:8]
         names = {}
         for kind in TARGETS:
             names[kind] = f"tapegrad_{kind}_{h8}"
             jax.ffi.register_ffi_target(names[kind], jax.ffi.pycapsule(getattr(lib, "tg_" + kind)), platform="cpu")
+        names["gpu_episode"] = f"tapegrad_gpu_episode_{h8}"
+        if _cuda_platform():
+            jax.ffi.register_ffi_target(names["gpu_episode"], jax.ffi.pycapsule(lib.tg_gpu_episode), platform="CUDA")
         _LIB["lib"] = (lib, names)
         return _LIB["lib"]
 

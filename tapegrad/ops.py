@@ -445,6 +445,7 @@ def into(f):
         t = ws.take(g.shape)
         f(g, out, a, b, s, t)
         return t
+    rule.into = f   # a recorded sweep (tapegrad.schedule) calls f on the same scratch directly
     return rule
 
 

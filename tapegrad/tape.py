@@ -13,6 +13,7 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from . import ops as O
 from ._arena import Arena, ParamStore, aligned_copy, aligned_empty, readonly
+from .schedule import ADD, ADOPT, COPY, INTO, NEW, SUMMED, Schedule
 from .errors import (ArgumentError, ConfigError, DomainError, DTypeError, ForeignVarError, LazyValueError,
                      NonFiniteError, ShapeError, TapeError, at)
 
@@ -49,7 +50,7 @@ class Node(NamedTuple):
     s: object
     req: bool      # a parameter is upstream: backward must reach it
     epoch: int     # the reset generation that created it (stale Vars are caught with it)
-    src: object    # (code, line) of the user frame that created it
+    src: object    # (code, bytecode offset) of the user frame that created it
     lazy: bool     # it depends on a lazy or dropped constant: the tape holds no value
     shape: tuple   # known even when the tape holds no value
     pos: object    # allocator position before its value: value arena (ops), param store (params)
@@ -216,6 +217,9 @@ class Tape:
         self._dropped = False  # drop_consts ran: backward checks that the values it reads exist
         self._floor = None    # the last mark: constants after it live in the value arena
         self._names = {}      # parameter name -> its Var (entries of dropped nodes are stale, see names())
+        self._sched: Optional[Schedule] = None   # the last episode's recorded sweep (tapegrad.schedule)
+        self._last_top: Optional[int] = None      # the loss id of the last first-pass backward
+        self._summed: Optional[np.ndarray] = None  # the broadcast sum _accumulate made last
 
     # ── leaves ───────────────────────────────────────────────────────────────
 
@@ -626,7 +630,16 @@ class Tape:
         self._recycle_scratch()
         self._pass += 1
         self._accumulate(i, seed)
-        self._sweep(i)
+        if self._pass != self._since or self._dropped:   # a second pass since the reset, or values dropped
+            self._sweep(i)
+        else:   # the first pass of an episode: replay the last one's sweep when the graph is the same
+            pos, sched = self._grads.pos, self._sched
+            if sched is not None and sched.fits(self, i, pos):
+                sched.replay(self)
+            else:
+                self._sched = Schedule(self, i, pos) if self._last_top == i else None
+                self._sweep(i, self._sched)
+            self._last_top = i
         if self.check_finite:
             bad = self.first_nonfinite()
             if bad is not None:
@@ -645,7 +658,9 @@ class Tape:
         self._arena_grads = []
         self._grads.rewind()
 
-    def _sweep(self, top):
+    def _sweep(self, top, rec=None):
+        """Visit every node a gradient reached, from ``top`` down; with ``rec`` (a Schedule), record
+        every rule call and accumulation for the next episode to replay."""
         nodes, vals, grads, gpass, ws = self._nodes, self._val, self._grad, self._gpass, self._grads
         p = self._pass
         acc = self._accumulate
@@ -659,6 +674,11 @@ class Tape:
             a, b, s = node[1], node[2], node[3]
             g, out, va = grads[k], vals[k], vals[a]
             vb = None if b < 0 else vals[b]
+            if rec is not None:
+                self._record(rec, k, op, a, op.da, g, out, va, vb, s)
+                if b >= 0:
+                    self._record(rec, k, op, b, op.db, g, out, va, vb, s)
+                continue
             if op.arity == 3:   # the third input is data: it only parametrises a's and b's rules
                 vc = vals[node[10]]
                 if nodes[a][4]:
@@ -670,6 +690,27 @@ class Tape:
                 acc(a, op.da(g, out, va, vb, s, ws), not op.aliases)
             if b >= 0 and nodes[b][4]:
                 acc(b, op.db(g, out, va, vb, s, ws), not op.aliases)
+        if rec is not None:
+            rec.end = ws.pos
+
+    def _record(self, rec, k, op, j, rule, g, out, va, vb, s):
+        """One contribution of the sweep, made as ``_sweep`` makes it and written down in ``rec``."""
+        node = self._nodes[j]
+        if not node[4]:
+            return
+        ws = self._grads
+        if self._gpass[j] != self._pass:
+            rec.empty.append((j, self._grad[j] is None))
+        pos, f = ws.pos, getattr(rule, "into", None)
+        c = rule(g, out, va, vb, s, ws) if op.arity < 3 else rule(g, out, va, vb, s, ws, self._val[self._nodes[k][10]])
+        code = self._accumulate(j, c, not op.aliases)
+        buf = None
+        if code == INTO or code & SUMMED:
+            axes, reduced = _UNBROADCAST[(c.shape, node[8])]
+            buf = (axes, reduced) if code == INTO else (self._summed.reshape(reduced), axes, self._summed)
+        elif code == NEW:
+            buf = self._grad[j]
+        rec.steps.append((k, j, rule, f, c if f is not None else None, pos, code, buf))
 
     def _accumulate(self, j, c, fresh=False):
         """Add contribution ``c`` into node j's gradient (summing over broadcast axes first).
@@ -683,22 +724,29 @@ class Tape:
         gpass = self._gpass
         first = gpass[j] < (self._pass if node[0].arity else self._since)
         gpass[j] = self._pass
+        summed = 0
         if c.shape != shape:
             if first and buf is not None:
                 unbroadcast(c, shape, self._grads, out=buf)
-                return
+                return INTO
             c, fresh = unbroadcast(c, shape, self._grads), True
+            self._summed, summed = c, SUMMED
         if buf is None:
             if fresh:
                 self._grad[j] = c
+                code = ADOPT
             else:
                 buf = self._grad[j] = self._grads.take(shape)
                 np.copyto(buf, c)
+                code = NEW
             self._arena_grads.append(j)
         elif first:
             np.copyto(buf, c)
+            code = COPY
         else:
             np.add(buf, c, out=buf)
+            code = ADD
+        return code | summed
 
     # ── anomaly detection ────────────────────────────────────────────────────
 
@@ -773,10 +821,15 @@ def _user_frame():
         if ours is None:
             ours = _OURS[code] = code.co_filename.startswith(_PKG)
         if not ours:
-            return (code, f.f_lineno)
+            return (code, f.f_lasti)   # the line is looked up only when reported (_where)
         f = f.f_back
     return None
 
 
 def _where(src):
-    return "?" if src is None else f"{os.path.basename(src[0].co_filename)}:{src[1]}"
+    """"file:line" of a node's source (code, bytecode offset), or "?"."""
+    if src is None:
+        return "?"
+    code, offset = src
+    line = next((n for start, end, n in code.co_lines() if start <= offset < end), None)
+    return f"{os.path.basename(code.co_filename)}:{line if line is not None else '?'}"

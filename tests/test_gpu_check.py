@@ -45,3 +45,8 @@ def test_dry_run_compiles_ptx_without_fma_in_the_cuda_dialect(tmp_path):
     assert row and row.group(1) == "==" and row.group(2) == "==" and float(row.group(3)) < 1e-10, report[-2000:]
     assert int(row.group(4)) <= 6 < int(row.group(5))
     assert "nvcc built the device executable of the tiny ordered fused program: yes" in report
+    # the GPU custom call's handler and its nvcc driver build here (run only on a GPU)
+    assert "built handler.so and frame.so (gcc -Werror) and the nvcc driver" in report
+    # the index and scan families', layout, reduction and softmax kernels, emulated: every case's values and gradients == native
+    fam = re.findall(r"^\| (\w+) \| (\d+) \| (\d+)/(\d+) \| (\d+)/(\d+) \| – \|$", report, re.M)
+    assert len(fam) == 18 and all(c == v == n and g == m for _, c, v, n, g, m in fam), report[-3000:]

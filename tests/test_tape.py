@@ -271,3 +271,22 @@ def test_parameters_created_inside_an_episode_give_their_memory_back():
         tape.reset_to(start)
     assert homes[0] == homes[1] == homes[2]
     assert np.array_equal(tape.value(w), np.ones(3)) and tape._params.pos == tape.nodes[0].pos[:1] + (8,)
+
+
+def test_first_nonfinite_reports_the_exact_line_of_each_creating_call():
+    """The source is kept as (code, bytecode offset) and turned into a line only when reported."""
+    import inspect
+    tape = tg.Tape()
+    x = tape.param(np.array([-1.0, 4.0]))
+    here = inspect.currentframe().f_lineno
+    with np.errstate(invalid="ignore"):
+        y = x * 2.0                       # here + 2: finite
+        z = (y
+             .sqrt())                     # here + 4 (the call's line): nan
+    assert tape.first_nonfinite().where == f"test_tape.py:{here + 4}"
+    assert (tape.first_nonfinite().node, z.id) == (y.id + 1, y.id + 1)
+    lean = tg.Tape(sources=False)
+    w = lean.param(np.array([-1.0]))
+    with np.errstate(invalid="ignore"):
+        w.sqrt()
+    assert lean.first_nonfinite().where == "?"

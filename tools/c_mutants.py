@@ -1,7 +1,7 @@
 """Hand-written mutations of the C the native backend and the XLA handler run (``make mutants``).
 
-mutmut mutates Python only; the C runtime (``tapegrad/native/runtime.c``) and the FFI handler
-(``interop/tg_xla.c``) get this list of realistic single bugs instead: an off-by-one at a summation
+mutmut mutates Python only; the C runtime (``tapegrad/native/runtime.c``), the FFI handlers
+(``interop/tg_xla.c``, ``interop/tg_gpu.c``) and the shared step scalars get this list of realistic single bugs instead: an off-by-one at a summation
 threshold, a dropped NaN check, a swapped operand, a missed bias correction. Each is applied to a
 scratch copy of the tree (``build/mutants/c/``), the listed tests run against it (stopping at the
 first failure), and the mutant counts as killed when they fail. A mutant that no longer compiles is
@@ -20,6 +20,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "build", "mutants")
 RT, XLA = "tapegrad/native/runtime.c", "interop/tg_xla.c"
+SS = "tapegrad/native/step_scalars.c"   # Adam's step scalars: the native runtime's and the GPU handler's
+GPU, HANDLER = "interop/tg_gpu.c", ["tests/test_gpu_handler.py"]   # the GPU custom call (a stand-in driver)
 NATIVE = ["tests/test_native_reductions.py", "tests/test_tape_sweep.py", "tests/test_optim_continuity.py",
           "tests/test_fuse.py", "tests/test_native.py", "tests/test_capture_inputs.py"]
 INTEROP = ["tests/test_interop_edges.py", "tests/test_interop_program.py"]
@@ -65,10 +67,10 @@ MUTATIONS = [
     (RT, "                    c[p] = g[p] - t;", "                    c[p] = t - g[p];", NATIVE,
      "logsoftmax backward with the sign flipped"),
     (RT, "    double count = sc[0] + 1.0;", "    double count = sc[0];", NATIVE, "the step count does not advance"),
-    (RT, "        double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b2, count);",
-     "        double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b1, count);", NATIVE,
-     "Adam: the second bias correction uses b1"),
-    (RT, "            sc[1] = lr * sqrt(bc2) / bc1;", "            sc[1] = lr * sqrt(bc1) / bc2;", NATIVE,
+    (SS, "    double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b2, count);",
+     "    double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b2, count - 1.0);", NATIVE + ["tests/test_gpu_handler.py"],
+     "Adam: the second bias correction one step behind"),
+    (SS, "        s[0] = lr * sqrt(bc2) / bc1;", "        s[0] = lr * sqrt(bc1) / bc2;", NATIVE + ["tests/test_gpu_handler.py"],
      "Adam (hat): bias corrections swapped"),
     (RT, "        if (!p[6])\n            continue;\n        real *w = TG_B(p[0])",
      "        real *w = TG_B(p[0])", NATIVE, "equivalent: preparing gt for an untouched parameter is harmless, the norm and update loops skip it"),
@@ -112,6 +114,20 @@ MUTATIONS = [
      "    if ((*q)->hash == (uint64_t)hash) { found = 1; break; }", INTEROP, "unload leaves the program callable"),
     (XLA, "    off += wn[k] * es;\n    if (src[k] != dst[k])", "    if (src[k] != dst[k])", INTEROP,
      "flat episode reads every slot from offset 0"),
+    (GPU, "  double count = (es == 8 ? cnt.d : (double)cnt.f) + 1.0;",
+     "  double count = (es == 8 ? cnt.d : (double)cnt.f) + 0.0;", HANDLER, "GPU episode: the count does not advance"),
+    (GPU, "  if (opt == 2) tg_adam_scalars(lr, b1, b2, (int)hat, count, ctl);",
+     "  if (opt == 1) tg_adam_scalars(lr, b1, b2, (int)hat, count, ctl);", HANDLER,
+     "GPU episode: Adam's step scalars never uploaded"),
+    (GPU, "    ptr[n++] = (int64_t)(intptr_t)(k < nw ? rets[1 + k] : args[k]);",
+     "    ptr[n++] = (int64_t)(intptr_t)(k < nw ? args[k] : args[k]);", HANDLER,
+     "GPU episode: written slots point at the operands"),
+    (GPU, "  home[nset - 1] = a.loss_home;", "  home[nset - 1] = 0;", HANDLER,
+     "GPU episode: the loss's table entry is not pointed back"),
+    (GPU, "    if (args[k] != rets[1 + k])", "    if (0)", HANDLER,
+     "GPU episode: a result XLA did not alias is not copied from its operand"),
+    (GPU, "  TG_CU(tg_cu.StreamSynchronize(stream), \"cuStreamSynchronize\");", "", HANDLER,
+     "GPU episode: the count is used before its copy completes"),
 ]
 
 

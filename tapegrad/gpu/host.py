@@ -99,7 +99,7 @@ class HostRunner(LaunchRunner):
     """Runs a program's CUDA launch lists as host code on the program's own buffers."""
 
     def build(self):
-        cp, p = self.cp, self.p
+        cp = self.cp
         src, names = host_source(cp)
         self.lib = compile_host(src)
         self.lib.tg_launch.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint, ctypes.c_int,
@@ -122,6 +122,13 @@ class HostRunner(LaunchRunner):
         if kind in "MN":
             return (p.opt.mu if kind == "M" else p.opt.nu)[k].reshape(-1)
         return self.scratch.setdefault(k, np.zeros(self.cp.scratch_size, p.dtype))
+
+    def handles(self):
+        """The pointer table (address, length, entries), control buffer and device, as
+        ``CupyRunner.handles`` gives them: a test that drives the GPU custom call's handler on the host
+        (a stand-in driver whose graph launch runs this runner's launch lists) adds ``graph``/``settab``."""
+        return {"table": self.vt.ctypes.data, "table_len": len(self.cp.buffers), "ctl": self.ctl.ctypes.data,
+                "device": 0, "vt": self.vt.copy()}
 
     def write_ctl(self, sc):
         self.ctl[:] = 0.0

@@ -120,8 +120,10 @@ class CupyRunner(LaunchRunner):
                 host = self.host_array(key)
                 self.dev[key] = cu.asarray(host.reshape(-1)) if host is not None else \
                     cu.zeros(cp.scratch_size, p.dtype)
-            self.vt = cu.asarray(np.array([self.dev[k].data.ptr for k in cp.buffers] or [0], np.int64))
+            self.vt_host = np.array([self.dev[k].data.ptr for k in cp.buffers] or [0], np.int64)
+            self.vt = cu.asarray(self.vt_host)
             self.ctl = cu.zeros(CTL, np.float64)
+        self.device = cu.cuda.Device().id
         self.stream.synchronize()
         self.graph = None
         self.dirty = set()
@@ -164,6 +166,20 @@ class CupyRunner(LaunchRunner):
             for L in launches:
                 self.launch(L)
 
+    def capture_graph(self):
+        """Capture forward + backward + step as one CUDA graph (ordered mode: no cuBLAS call inside)."""
+        work = self.cp.forward + self.cp.backward + self.cp.step
+        if any(L.kind == "gemm" for L in work):
+            raise TapeError("the GPU episode graph needs ordered mode (capture(..., ordered=True)): CuPy cannot "
+                            "capture the default mode's cuBLAS calls into a CUDA graph")
+        with self.stream:
+            self.upload_inputs()
+            self.stream.begin_capture()
+            for L in work:
+                self.launch(L)
+            self.graph = self.stream.end_capture()
+        self.graph.upload(self.stream)
+
     def episode(self):
         """Changed inputs and ``ctl`` up, then forward + backward + step: one CUDA graph launch."""
         o = self.p.opt
@@ -172,12 +188,7 @@ class CupyRunner(LaunchRunner):
             self.write_ctl(o.conf.step_scalars(o.count))
         work = self.cp.forward + self.cp.backward + self.cp.step
         if self.graph is None and not any(L.kind == "gemm" for L in work):
-            with self.stream:
-                self.upload_inputs()
-                self.stream.begin_capture()
-                for L in work:
-                    self.launch(L)
-                self.graph = self.stream.end_capture()
+            self.capture_graph()
         if self.graph is not None:
             with self.stream:
                 self.upload_inputs()
@@ -185,6 +196,16 @@ class CupyRunner(LaunchRunner):
         else:
             self.run(work)
         self.stream.synchronize()
+
+    def handles(self):
+        """The device objects the GPU custom call names (``interop.gpu_call``): the episode's graph
+        (captured now if no episode ran yet), the settab kernel, the pointer table (and its entries),
+        the control buffer and the device. Valid while this runner lives (re-attaching rebuilds it)."""
+        if self.graph is None:
+            self.capture_graph()
+        return {"graph": int(self.graph.graphExec), "settab": int(self.module.get_function(self.cp.settab).ptr),
+                "table": int(self.vt.data.ptr), "table_len": len(self.cp.buffers), "ctl": int(self.ctl.data.ptr),
+                "device": int(self.device), "vt": self.vt_host}
 
     def loss_value(self):
         return float(self.dev[("v", self.p.loss_id)][0].get(stream=self.stream))

@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from .. import ops as O
 from .. import ordered
-from . import rowspace
+from . import rowspace, source_index, source_more, source_scan
 from ..errors import TapeError, at
 from ..native.codegen import expr_of
 from ..native.expr import RUNTIME_FUNCS, calls, dialect
@@ -78,6 +78,7 @@ class CudaProgram:
         self.kernels = []
         self.scratch_size = 1
         self.pairwise = False   # set when a kernel calls tg_pw (then its definition is emitted)
+        self.sort_helper = False   # set when a kernel sorts (then tg_argsort_line is emitted)
         self.settab = f"{self.prefix}settab"
         for k in prog.compute:
             op = prog.nodes[k][0]
@@ -130,7 +131,7 @@ class CudaProgram:
 
     def flat(self, tag, n, lines):
         """A one-phase kernel over ``n`` elements, one thread per element index ``i``."""
-        return self.kernel(tag, [[f"const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;",
+        return self.kernel(tag, [["const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;",
                                   f"if (i < {n}L) {{"] + ["    " + ln for ln in lines] + ["}"]],
                            max(1, -(-n // THREADS)))
 
@@ -418,7 +419,8 @@ class CudaProgram:
             "#define TG_PHASE(n) 1",
             "#define TG_BARRIER() __syncthreads()",
             "#endif",
-            ""] + (self._pairwise() if self.pairwise else []) + self.kernels + [
+            ""] + (self._pairwise() if self.pairwise else []) + (source_scan.argsort_source() if self.sort_helper
+                                                                  else []) + self.kernels + [
             "#ifndef TG_HOST",
             "/* settab: point table entries at other buffers (an XLA custom call's operands), before a graph replay;",
             "   the addresses travel as a by-value kernel parameter, so nothing on the host outlives the launch */",
@@ -444,6 +446,19 @@ class CudaProgram:
                 f"        for (; i < n; i++) res = {add('res', 'a[i]')};", "        return res;", "    }",
                 "    long n2 = n / 2;", "    n2 -= n2 % 8;",
                 f"    return {add('tg_pw(a, n2)', 'tg_pw(a + n2, n - n2)')};", "}", ""]
+
+    def operand_slots(self):
+        """The table entry of each operand of the GPU episode custom call — params, Adam's moments
+        (mu_j, nu_j per attached parameter), -1 for the step count, inputs; -1 where no kernel reads the
+        operand — and the loss's entry (``interop.gpu_call``)."""
+        p, o = self.p, self.p.opt
+        out = [self.index.get(("v", k), -1) for k in p.params]
+        if o is not None and o.kind == "Adam":
+            for j in range(len(o.ids)):
+                out += [self.index.get(("M", j), -1), self.index.get(("N", j), -1)]
+        out.append(-1)   # count: read by the handler, never by a kernel
+        out += [self.index.get(("v", k), -1) for k in p.consts]
+        return out, self.index[("v", p.loss_id)]
 
     def launches(self):
         """Kernel launches per episode (forward + backward + step; cuBLAS calls counted as one each)."""
@@ -583,3 +598,6 @@ _FORWARD = {"matmul": _matmul_fwd, "matmul_ordered": _matmul_fwd, "sum": _reduce
 _BACKWARD = {"matmul": _matmul_d, "matmul_ordered": _matmul_d, "sum": _spread_da, "mean": _spread_da,
              "sum_ordered": _spread_da, "mean_ordered": _spread_da, "reshape": _reshape_da,
              "transpose": _transpose_da, "broadcast_to": _broadcast_da, "softmax_xent": _xent_d}
+for _family in (source_index, source_scan, source_more):
+    _FORWARD.update(_family.FORWARD)
+    _BACKWARD.update(_family.BACKWARD)

@@ -25,9 +25,10 @@ from .expr import dialect, parse
 
 FIRST = 8
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# runtime.c, then one file per op family (the same order as tapegrad.ops imports the families)
-_RUNTIME = [os.path.join(_HERE, f"runtime{suffix}.c")
-            for suffix in ("", "_special", "_scan", "_index", "_conv", "_linalg")]
+# Adam's step scalars (shared with the GPU custom call), runtime.c, then one file per op family (the
+# same order as tapegrad.ops imports the families)
+_RUNTIME = [os.path.join(_HERE, "step_scalars.c")] + [os.path.join(_HERE, f"runtime{suffix}.c")
+                                                      for suffix in ("", "_special", "_scan", "_index", "_conv", "_linalg")]
 _PARSED = {}
 
 

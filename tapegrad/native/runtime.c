@@ -470,16 +470,8 @@ TG_FN void tg_opt_step(void **T)
     int hat = (int)cfg[5], cmode = (int)cfg[7];
     double count = sc[0] + 1.0;
     sc[0] = count;
-    if (kind == 2) {
-        double bc1 = 1.0 - pow(b1, count), bc2 = 1.0 - pow(b2, count);
-        if (!hat) {
-            sc[1] = -lr;
-            sc[2] = bc1;
-            sc[3] = bc2;
-        } else {
-            sc[1] = lr * sqrt(bc2) / bc1;
-        }
-    }
+    if (kind == 2)
+        tg_adam_scalars(lr, b1, b2, hat, count, sc + 1);
     for (int k = 0; k < np_; k++) {
         const long long *p = pi + 8 * k;
         if (!p[6])

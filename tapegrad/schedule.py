@@ -1,0 +1,79 @@
+"""The reverse sweep of a repeated episode, recorded once and replayed without its bookkeeping.
+
+A training loop records the same graph every step: the same ops on the same node ids and shapes. Its
+reverse sweep then makes the same decisions every step too: which nodes a gradient reaches, which rule
+runs, whether a contribution is adopted, copied or added, which scratch buffer the arena hands out.
+``Tape.backward`` records those decisions once (a ``Schedule``) and, while later episodes have the
+same structure, replays them: each step calls the rule (an ``into`` rule's ufuncs directly on the
+recorded scratch) and applies the recorded accumulation. The calls, their arguments and their order are
+those of the sweep, so the gradients are the same bits; only the per-node bookkeeping goes.
+"""
+import operator
+
+import numpy as np
+
+# What the sweep reads of a node: op, input ids, static operand, shape, third input.
+_KEY = operator.itemgetter(0, 1, 2, 3, 8, 10)
+
+# What Tape._accumulate did with a contribution (bit 8: it first summed the contribution over the
+# broadcast axes into a scratch buffer).
+INTO, ADOPT, NEW, COPY, ADD = range(5)
+SUMMED = 8
+
+
+class Schedule:
+    """One recorded sweep: valid while ``fits`` (same structure, same arena position, same gradient
+    buffers present)."""
+    __slots__ = ("pos", "keys", "empty", "steps", "end")
+
+    def __init__(self, tape, top, pos):
+        self.pos = pos
+        self.keys = list(map(_KEY, tape._nodes[:top + 1]))
+        self.empty = []   # (target, whether its gradient buffer was None before the sweep)
+        self.steps = []
+        self.end = None
+
+    def fits(self, tape, top, pos):
+        """Whether replaying gives what the sweep would: the nodes up to ``top`` equal the recorded ones
+        in everything the sweep reads (all but the epoch and the source line). ``req`` and ``lazy`` are
+        not compared: a leaf's follow from its op (and ``s`` for a lazy constant), an op node's from its
+        inputs'."""
+        if pos != self.pos or list(map(_KEY, tape._nodes[:top + 1])) != self.keys:   # (and so the same top)
+            return False
+        grads = tape._grad
+        return all((grads[j] is None) is none for j, none in self.empty)
+
+    def replay(self, tape):
+        nodes, vals, grads, gpass, ws = tape._nodes, tape._val, tape._grad, tape._gpass, tape._grads
+        kept = tape._arena_grads
+        p = tape._pass
+        for k, j, rule, f, t, pos, code, buf in self.steps:
+            node = nodes[k]
+            b = node[2]
+            g, out, va, vb = grads[k], vals[k], vals[node[1]], None if b < 0 else vals[b]
+            if f is not None:
+                f(g, out, va, vb, node[3], t)
+                c = t
+            else:
+                ws.rewind(pos)
+                c = rule(g, out, va, vb, node[3], ws) if node[10] < 0 else \
+                    rule(g, out, va, vb, node[3], ws, vals[node[10]])
+            if code & SUMMED:
+                np.add.reduce(c, axis=buf[1], out=buf[0])
+                c, buf, code = buf[2], None, code & 7
+            if code == ADOPT:
+                grads[j] = c
+                kept.append(j)
+            elif code == ADD:
+                g = grads[j]
+                np.add(g, c, out=g)
+            elif code == NEW:
+                np.copyto(buf, c)
+                grads[j] = buf
+                kept.append(j)
+            elif code == COPY:
+                np.copyto(grads[j], c)
+            else:   # INTO: summed straight into the existing buffer
+                np.add.reduce(c, axis=buf[0], out=grads[j].reshape(buf[1]))
+            gpass[j] = p
+        ws.rewind(self.end)

@@ -1,0 +1,158 @@
+"""Device forms of the index and scan families, slice, concat, max, min, prod, softmax, logsoftmax and
+logsumexp: the CUDA kernels, run as host C++ by the grid emulation, equal the native CPU program bit for
+bit (values and gradients, every registry case, ordered mode; the libm-tier ones too, since the emulation
+calls the host's exp and log), and the generated source compiles with nvcc (warnings as errors)."""
+import subprocess
+
+import numpy as np
+import pytest
+
+import tapegrad as tg
+from tapegrad import ops as O
+from tapegrad.gpu.host import emulate
+from tapegrad.gpu.source import CudaProgram, device_form
+
+from op_cases import floats, make, record
+from test_gpu import NVCC
+
+FAMILY = ["take", "take_along_axis", "index_add", "index_set", "dynamic_slice", "dynamic_update_slice",
+          "cumsum", "cumprod", "cummax", "sort", "slice", "concat", "max", "min", "prod", "softmax", "logsoftmax",
+          "logsumexp"]
+
+
+def every_case(backend, dtype="float64"):
+    """One ordered tape with every case of the family's ops, weighted into one loss, captured."""
+    rng = np.random.default_rng(5)
+    tape = tg.Tape(ordered=True)
+    items, loss = [], None
+    for name in FAMILY:
+        op = O.OPS[name]
+        for case in op.cases:
+            arrays, s = make(op, case, rng)
+            vs, y = record(tape, op, arrays, s)
+            term = (y * tape.const(rng.standard_normal(y.shape))).sum()
+            loss = term if loss is None else loss + term
+            items.append((name, case, floats(op, vs), y))
+    prog = tg.capture(tape, loss, backend=backend, dtype=dtype)
+    return prog, items
+
+
+@pytest.fixture(scope="module")
+def programs():
+    """The native program and the emulated device program (fused, per-node), each with its own items."""
+    out = {}
+    for key in ("native", True, False):
+        prog, items = every_case("native" if key == "native" else "numpy")
+        if key != "native":
+            emulate(prog, key)
+        prog.forward()
+        prog.backward()
+        out[key] = (prog, items)
+    return out
+
+
+def test_every_family_op_has_a_device_form():
+    assert all(device_form(O.OPS[name]) for name in FAMILY)
+
+
+@pytest.mark.parametrize("name", FAMILY)
+@pytest.mark.parametrize("fuse", [True, False])
+def test_emulated_device_kernels_equal_native(programs, name, fuse):
+    (native, want), (dev, got) = programs["native"], programs[fuse]
+    checked = 0
+    for (op_name, case, xs, y), (_, _, xd, yd) in zip(want, got):
+        if op_name != name:
+            continue
+        assert np.array_equal(dev.value(yd), native.value(y), equal_nan=True), (name, case, "value")
+        for v, vd in zip(xs, xd):
+            assert np.array_equal(dev.grad(vd), native.grad(v), equal_nan=True), (name, case, "grad")
+        checked += 1
+    assert checked == len(O.OPS[name].cases)
+
+
+def test_scatter_add_sums_repeated_indices_in_position_order():
+    """index_add with one index repeated: the contributions arrive in increasing position (numpy.add.at),
+    which a different order would round differently for these values."""
+    b = np.array([1e16, 1.0, -1e16, 1.0])
+    c = np.array([0, 0, 0, 0])
+    got = {}
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        a = tape.param(np.zeros(2))
+        vb = tape.param(b)
+        y = tape.apply(O.OPS["index_add"], a, vb, 0, tape.const(c))
+        prog = tg.capture(tape, (y * tape.const(np.array([1.0, 2.0]))).sum(), backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        prog.forward()
+        got[backend] = np.array(prog.value(y))
+    want = np.zeros(2)
+    np.add.at(want, c, b)
+    assert (got["native"] == want).all() and (got["numpy"] == want).all() and want[0] == 1.0
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_family_kernels_compile_with_nvcc(tmp_path, dtype):
+    prog, _ = every_case("numpy", dtype)
+    tape = tg.Tape()
+    w = tape.param(np.ones((2, 3, 4)))
+    bmm = tg.capture(tape, tape.apply(O.OPS["bmm"], w, tape.const(np.ones((2, 4, 5))), None).sum(), dtype=dtype)
+    for name, p in (("family", prog), ("bmm", bmm)):
+        path = tmp_path / f"{name}.cu"
+        path.write_text(CudaProgram(p).src)
+        r = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "--fmad=false", "-Werror", "all-warnings", str(path),
+                            "-o", str(path.with_suffix(".cubin"))], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-3000:]
+
+@pytest.mark.parametrize("name", ["max", "min", "prod"])
+def test_extremes_ties_nans_signed_zeros_and_zero_products_equal_native(name):
+    """Tied extremes share the gradient, NaN propagates, the first of ±0 stays, prod's gradient needs no
+    division (zeros in a row): the emulated kernels give the native program's bits on all of them."""
+    a = np.array([[1.0, 3.0, 3.0, -0.0], [-0.0, 0.0, -2.0, -3.0], [0.0, -0.0, 2.0, 3.0], [np.nan, 1.0, -1.0, 0.0],
+                  [2.0, 0.0, 0.0, 5.0]])
+    got = []
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        x = tape.param(a)
+        ys = [tape.apply(O.OPS[name], x, None, s) for s in ((None, False), ((1,), False), ((0,), True))]
+        loss = None
+        for k, y in enumerate(ys):
+            term = (y * tape.const(np.full(y.shape, 1.0 + k))).sum()
+            loss = term if loss is None else loss + term
+        prog = tg.capture(tape, loss, backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        prog.forward()
+        prog.backward()
+        got.append(([np.array(prog.value(y)) for y in ys], np.array(prog.grad(x))))
+    (vn, gn), (ve, ge) = got
+    assert all(np.array_equal(u, v, equal_nan=True) and (np.signbit(u) == np.signbit(v)).all() for u, v in zip(vn, ve))
+    assert np.array_equal(gn, ge, equal_nan=True) and (np.signbit(gn) == np.signbit(ge)).all()
+
+
+def test_bmm_within_the_blas_bound_of_native():
+    """bmm is tier "blas": a serial dot per element against NumPy's BLAS, within rtol 1e-12."""
+    op = O.OPS["bmm"]
+    rng = np.random.default_rng(2)
+    got = []
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        vs, ys = [], []
+        for case in op.cases:
+            arrays, s = make(op, case, np.random.default_rng(len(ys)))
+            v, y = record(tape, op, arrays, s)
+            vs += v
+            ys.append(y)
+        loss = None
+        for y in ys:
+            term = (y * tape.const(rng.standard_normal(y.shape))).sum()
+            loss = term if loss is None else loss + term
+        prog = tg.capture(tape, loss, backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        prog.forward()
+        prog.backward()
+        got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(v)) for v in vs])
+        rng = np.random.default_rng(2)
+    assert all(np.allclose(e, n, rtol=1e-12, atol=1e-14) for n, e in zip(*got))

@@ -71,6 +71,7 @@ JAX_INDEX = ["tests/test_ops_index.py::" + t for t in (
 DESELECT = {
     "tape": JAX_INDEX + ["tests/test_tape.py::test_check_finite_names_the_first_bad_node_and_its_line",
              "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients",
+             "tests/test_tape.py::test_first_nonfinite_reports_the_exact_line_of_each_creating_call",
              "tests/test_tape_edges.py::test_a_direct_apply_names_the_line_that_called_it"],
     "schedule": ["tests/test_tape.py::test_check_finite_names_the_first_bad_node_and_its_line",
                  "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients"],

@@ -182,7 +182,7 @@ def test_an_ordered_tape_records_the_ordered_variants_and_nothing_else_changes()
     y = A @ B
     s = (y * y).exp().sum()
     ops = [tape.nodes[k].op for k in range(len(tape))]
-    assert ops[2] is ORD.matmul and ops[3] is O.mul and ops[4] is O.exp and ops[5] is ORD.sum_
+    assert ops[2] is ORD.matmul and ops[3] is O.mul and ops[4] is O.exp and ops[5] is ORD.sum_ and s.id == 5
     want = np.array([[sum(a[i, k] * b[k, j] for k in range(40)) for j in range(2)] for i in range(3)])
     assert np.array_equal(tape.value(y), want)
     plain = tg.Tape()

@@ -36,7 +36,7 @@ MODULES = {
     "tape": ("tapegrad/tape.py", ["tests/test_tape.py", "tests/test_tape_errors.py", "tests/test_tape_semantics.py",
                                   "tests/test_tape_sweep.py", "tests/test_capture_inputs.py", "tests/test_optim.py",
                                   "tests/test_bad_input_tape.py", "tests/test_names.py", "tests/test_ops_index.py",
-                                  "tests/test_tape_reports.py", "tests/test_tape_edges.py"]),
+                                  "tests/test_tape_reports.py", "tests/test_tape_edges.py", "tests/test_schedule.py"]),
     "schedule": ("tapegrad/schedule.py", ["tests/test_schedule.py", "tests/test_tape_semantics.py", "tests/test_tape.py"]),
     "optim": ("tapegrad/optim.py", ["tests/test_optim.py", "tests/test_optim_edges.py",
                                     "tests/test_optim_continuity.py", "tests/test_capture.py",

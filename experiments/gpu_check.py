@@ -21,8 +21,13 @@ operand pattern plus six composites), it
 
 6. (``gpu_ops_check.py``) runs the index and scan families' kernels and slice's, concat's, max/min/prod's
    (every registry case of take, take_along_axis, index_add, index_set, the dynamic slices, cumsum,
-   cumprod, cummax, sort, slice, concat, max, min, prod) forward and backward on the device: every value
-   and gradient == the native CPU program.
+   cumprod, cummax, sort, slice, concat, max, min, prod, softmax, logsoftmax, logsumexp, lgamma, digamma)
+   forward and backward on the device: every value and gradient == the native CPU program (the libm-tier
+   ones within rtol 1e-12, lgamma within its registry ``ulps`` bound: the device's exp/log/lgamma).
+   The same for conv, max_pool and sum_pool: pooling == native, conv (a serial dot per element against the
+   native program's BLAS GEMMs) within the "blas" bound, 16 ulp of max|native|; and for the linear-algebra
+   family (cholesky, triangular_solve, solve, logdet, logabsdet, det_sign: serial per matrix against the
+   native program's LAPACK calls), within the same bound.
 
 5. (``gpu_handler_check.py``) runs the GPU custom call's C handler ``tg_gpu_episode`` on the device with
    a driver executable in XLA's place (its own buffers, stream and call frames): the episodes it runs
@@ -531,6 +536,9 @@ def programs(args, out):
             failed.append("device build")
     hmd, hfailed = GH.run(work / "handler", NVCC, args.dry, args.arch, args.ffi_include)
     omd, ofailed = GO.run(work / "family", NVCC, args.dry, args.arch)
+    for group in ("conv", "linalg"):
+        gmd, gfailed = GO.run(work / group, NVCC, args.dry, args.arch, group)
+        omd, ofailed = omd + gmd, ofailed + gfailed
     jmd, jfailed = jax_tests(args.dry)
     return (["", f"## captured MLP programs ({time.time() - t:.1f}s)", ""] + md + hmd + omd + jmd,
             failed + hfailed + ofailed + jfailed)

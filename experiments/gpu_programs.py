@@ -37,14 +37,15 @@ def forward(tape, params, xb, yb):
     return x, y, tg.mse(h, y)
 
 
-def mlp(sizes, rows, ordered, episodes, seed=0):
-    """(tape, mark, params, x, y, loss, optimizer, data) of an MLP with mse and Adam, one episode recorded."""
+def mlp(sizes, rows, ordered, episodes, seed=0, clip=None):
+    """(tape, mark, params, x, y, loss, optimizer, data) of an MLP with mse and Adam (global-norm clipping at
+    ``clip``), one episode recorded."""
     rng = np.random.default_rng(seed)
     tape = tg.Tape(ordered=ordered)
     params = []
     for i, o in zip(sizes[:-1], sizes[1:]):
         params += [tape.param(rng.standard_normal((i, o)) / np.sqrt(i)), tape.param(rng.standard_normal(o) * 0.1)]
-    opt = tg.Adam(1e-3)
+    opt = tg.Adam(1e-3, clip=clip)
     for p in params:
         opt.add(tape, p)
     data = [(rng.standard_normal((rows, sizes[0])), rng.standard_normal((rows, sizes[-1]))) for _ in range(episodes)]
@@ -53,9 +54,9 @@ def mlp(sizes, rows, ordered, episodes, seed=0):
     return tape, mark, params, x, y, loss, opt, data
 
 
-def cpu_reference(sizes, rows, ordered, episodes, backend):
+def cpu_reference(sizes, rows, ordered, episodes, backend, clip=None):
     """Losses and final parameters of the eager tape ("tape") or a CPU program ("native")."""
-    tape, mark, params, x, y, loss, opt, data = mlp(sizes, rows, ordered, episodes)
+    tape, mark, params, x, y, loss, opt, data = mlp(sizes, rows, ordered, episodes, clip=clip)
     if backend == "tape":
         losses = []
         for k, (xb, yb) in enumerate(data):
@@ -245,8 +246,8 @@ def write_inputs(path, cp, prog, slots, data, opt, real):
             ctl.tofile(f)
 
 
-def build_and_run(name, sizes, rows, ordered, fuse, episodes, reps, work, nvcc, dry, arch):
-    tape, _, params, x, y, loss, opt, data = mlp(sizes, rows, ordered, episodes)
+def build_and_run(name, sizes, rows, ordered, fuse, episodes, reps, work, nvcc, dry, arch, clip=None):
+    tape, _, params, x, y, loss, opt, data = mlp(sizes, rows, ordered, episodes, clip=clip)
     prog = tg.capture(tape, loss)
     prog.attach(opt)
     cp = CudaProgram(prog, fuse)
@@ -358,5 +359,15 @@ def run(work, nvcc, dry, arch="sm_90", sizes=None, episodes=3):
                        f"{fused['launches']} / {pernode['launches']} | {fmt(pernode['us_launched'])} | "
                        f"{fmt(fused['us_launched'])} | {fmt(fused['us_graph'])} | {fmt(jx)} |")
         print(rows_md[-1], flush=True)
+    # gradient clipping on the device: Σ g² serial per parameter there, a BLAS dot on the CPU (blas bound)
+    rows, sz = SIZES[names[0]]
+    clipped = build_and_run(f"{names[0]}_oc", sz, rows, True, True, episodes, 2, work, nvcc, dry, arch, clip=0.05)
+    ref = cpu_reference(sz, rows, True, episodes, "native", clip=0.05)
+    rel = max(float(np.max(np.abs(a - b) / (np.abs(b) + 1e-300))) for a, b in
+              zip([clipped["losses"]] + clipped["params"], [ref[0]] + ref[1]))
+    if not rel < 1e-10:
+        failures.append(f"{names[0]}: clipping on the device outside the blas bound")
+    rows_md += ["", f"- {names[0]} MLP with Adam, global-norm clipping at 0.05: GPU vs native program, max rel "
+                    f"{rel:.1e} ({'within' if rel < 1e-10 else '**OUTSIDE**'} the blas bound)"]
     return rows_md + ["", f"- device: {fused['device']}; µs are wall time per episode (minibatch + ctl upload and "
                           f"launches), {'host emulation: meaningless as speed' if dry else 'median of one run'}."], failures

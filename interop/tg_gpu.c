@@ -326,13 +326,7 @@ XLA_FFI_Error *tg_gpu_episode(XLA_FFI_CallFrame *cf) {
     }
     snprintf(msg, sizeof msg, "tg_gpu_episode: XLA gives this call no CUDA stream (%s); the target runs on the "
              "CUDA platform only", text);
-    if (e) {
-      XLA_FFI_Error_Destroy_Args d;
-      memset(&d, 0, sizeof d);
-      d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-      d.error = e;
-      cf->api->XLA_FFI_Error_Destroy(&d);
-    }
+    if (e) tg_drop_error(cf, e);
     return tg_error(cf, XLA_FFI_Error_Code_FAILED_PRECONDITION, msg);
   }
   void *stream = sg.stream;

@@ -251,6 +251,15 @@ static tg_inst *tg_acquire(tg_prog *p, int device, const char **why) {
   return in;
 }
 
+/* An error XLA returned that the caller handles itself: freed, not passed on. */
+static void tg_drop_error(XLA_FFI_CallFrame *cf, XLA_FFI_Error *e) {
+  XLA_FFI_Error_Destroy_Args d;
+  memset(&d, 0, sizeof d);
+  d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
+  d.error = e;
+  cf->api->XLA_FFI_Error_Destroy(&d);
+}
+
 /* ── the thread pool the generated code splits large products over ──────── */
 
 /* Claim parts of the current split product until none is left (the caller and pool tasks alike). */
@@ -289,11 +298,7 @@ static void tg_pool_run(tg_team *self, int parts, void (*fn)(void *, int), void 
     a.data = in;
     XLA_FFI_Error *e = cf->api->XLA_FFI_ThreadPool_Schedule(&a);
     if (e) {
-      XLA_FFI_Error_Destroy_Args d;
-      memset(&d, 0, sizeof d);
-      d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-      d.error = e;
-      cf->api->XLA_FFI_Error_Destroy(&d);
+      tg_drop_error(cf, e);
       break;
     }
   }
@@ -311,11 +316,7 @@ static int tg_pool_parts(XLA_FFI_CallFrame *cf) {
   a.num_threads = &n;
   XLA_FFI_Error *e = cf->api->XLA_FFI_ThreadPool_NumThreads(&a);
   if (e) {
-    XLA_FFI_Error_Destroy_Args d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-    d.error = e;
-    cf->api->XLA_FFI_Error_Destroy(&d);
+    tg_drop_error(cf, e);
     return 1;
   }
   return n < 1 ? 1 : n > 64 ? 64 : (int)n;
@@ -477,11 +478,7 @@ static int tg_device(XLA_FFI_CallFrame *cf) {
   if (cf->api->struct_size < XLA_FFI_Api_STRUCT_SIZE || !cf->api->XLA_FFI_DeviceOrdinal_Get) return 0;
   XLA_FFI_Error *e = cf->api->XLA_FFI_DeviceOrdinal_Get(&a);
   if (e) {
-    XLA_FFI_Error_Destroy_Args d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = XLA_FFI_Error_Destroy_Args_STRUCT_SIZE;
-    d.error = e;
-    cf->api->XLA_FFI_Error_Destroy(&d);
+    tg_drop_error(cf, e);
     return 0;
   }
   return a.device_ordinal;

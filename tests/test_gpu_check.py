@@ -47,6 +47,15 @@ def test_dry_run_compiles_ptx_without_fma_in_the_cuda_dialect(tmp_path):
     assert "nvcc built the device executable of the tiny ordered fused program: yes" in report
     # the GPU custom call's handler and its nvcc driver build here (run only on a GPU)
     assert "built handler.so and frame.so (gcc -Werror) and the nvcc driver" in report
-    # the index and scan families', layout, reduction and softmax kernels, emulated: every case's values and gradients == native
+    # the index and scan families', layout, reduction, softmax, special and pooling kernels, emulated: every
+    # case's values and gradients == native
     fam = re.findall(r"^\| (\w+) \| (\d+) \| (\d+)/(\d+) \| (\d+)/(\d+) \| – \|$", report, re.M)
-    assert len(fam) == 18 and all(c == v == n and g == m for _, c, v, n, g, m in fam), report[-3000:]
+    assert len(fam) == 22 and all(c == v == n and g == m for _, c, v, n, g, m in fam), report[-3000:]
+    # conv (tier "blas"): every case within the bound, its normwise difference printed
+    conv = re.search(r"^\| conv \| (\d+) \| (\d+)/(\d+) \| (\d+)/(\d+) \| (\S+) \|$", report, re.M)
+    assert conv and conv.group(1) == conv.group(2) == conv.group(3) and conv.group(4) == conv.group(5)
+    assert 0 < float(conv.group(6)) < 1e-13, report[-3000:]
+    # the linear-algebra family (tier "blas"): every case of every op within the bound
+    la = re.findall(r"^\| (cholesky|triangular_solve|solve|logdet|logabsdet|det_sign) \| (\d+) \| (\d+)/(\d+) \| "
+                    r"(\d+)/(\d+) \| (\S+) \|$", report, re.M)
+    assert len(la) == 6 and all(c == v == n and g == m and float(d) < 1e-13 for _, c, v, n, g, m, d in la), report[-3000:]

@@ -1,7 +1,8 @@
-"""Device forms of the index and scan families, slice, concat, max, min, prod, softmax, logsoftmax and
-logsumexp: the CUDA kernels, run as host C++ by the grid emulation, equal the native CPU program bit for
-bit (values and gradients, every registry case, ordered mode; the libm-tier ones too, since the emulation
-calls the host's exp and log), and the generated source compiles with nvcc (warnings as errors)."""
+"""Device forms of the index and scan families, slice, concat, max, min, prod, softmax, logsoftmax,
+logsumexp, lgamma and digamma (the native runtime's tg_digamma/tg_trigamma compiled for the device): the
+CUDA kernels, run as host C++ by the grid emulation, equal the native CPU program bit for bit (values
+and gradients, every registry case, ordered mode; the libm-tier ones too, since the emulation calls the
+host's exp, log and lgamma), and the generated source compiles with nvcc (warnings as errors)."""
 import subprocess
 
 import numpy as np
@@ -17,15 +18,15 @@ from test_gpu import NVCC
 
 FAMILY = ["take", "take_along_axis", "index_add", "index_set", "dynamic_slice", "dynamic_update_slice",
           "cumsum", "cumprod", "cummax", "sort", "slice", "concat", "max", "min", "prod", "softmax", "logsoftmax",
-          "logsumexp"]
+          "logsumexp", "lgamma", "digamma"]
 
 
-def every_case(backend, dtype="float64"):
-    """One ordered tape with every case of the family's ops, weighted into one loss, captured."""
+def every_case(backend, dtype="float64", names=FAMILY):
+    """One ordered tape with every case of the ops ``names``, weighted into one loss, captured."""
     rng = np.random.default_rng(5)
     tape = tg.Tape(ordered=True)
     items, loss = [], None
-    for name in FAMILY:
+    for name in names:
         op = O.OPS[name]
         for case in op.cases:
             arrays, s = make(op, case, rng)

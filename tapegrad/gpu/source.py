@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 from .. import ops as O
 from .. import ordered
-from . import rowspace, source_index, source_more, source_scan
+from . import rowspace, source_conv, source_index, source_linalg, source_more, source_scan, source_special
 from ..errors import TapeError, at
 from ..native.codegen import expr_of
 from ..native.expr import RUNTIME_FUNCS, calls, dialect
@@ -38,6 +38,7 @@ from ..native.kernels import axis3, bstrides, keep, strides
 
 THREADS = 256
 SETTAB = 64   # table entries one settab launch can redirect
+CLIP = 1000   # scratch buffers S1000 (per-parameter Σ g²) and S1001 (clipped?, scale) of gradient clipping
 
 
 class Launch(NamedTuple):
@@ -56,7 +57,7 @@ def device_form(op):
     if op.kind == "elementwise":
         fields = ["c_fwd"] + [f for f, kind in zip(("c_da", "c_db"), op.inputs) if kind == "f"]
         exprs = [expr_of(op, f) for f in fields]
-        return None not in exprs and not any(calls(e) & RUNTIME_FUNCS for e in exprs)
+        return None not in exprs and not any(calls(e) & (RUNTIME_FUNCS - source_special.DEVICE_FUNCS) for e in exprs)
     return op.name in _FORWARD
 
 
@@ -79,6 +80,7 @@ class CudaProgram:
         self.scratch_size = 1
         self.pairwise = False   # set when a kernel calls tg_pw (then its definition is emitted)
         self.sort_helper = False   # set when a kernel sorts (then tg_argsort_line is emitted)
+        self.linalg = False   # set when a kernel calls the serial linear-algebra helpers (source_linalg)
         self.settab = f"{self.prefix}settab"
         for k in prog.compute:
             op = prog.nodes[k][0]
@@ -368,26 +370,56 @@ class CudaProgram:
         o = self.p.opt
         if o is None:
             return []
-        if o.clip is not None:
-            raise TapeError("attach: gradient clipping is not available on the GPU backend yet; use "
-                            "backend='native' or 'numpy', or an optimizer without clip")
         todo = [(j, i) for j, i in enumerate(o.ids) if o.touched[j]]
+        clip = self._clip(o, todo) if o.clip is not None and todo else []
         if not self.fuse:
-            return [self.flat(f"opt{j}", self.n(i), self._update(o, j, i)) for j, i in todo]
+            return clip + [self.flat(f"opt{j}", self.n(i), self._update(o, j, i)) for j, i in todo]
         # fused: one launch for every parameter, blockIdx.y picks the parameter
         body = ["const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;"]
         for y, (j, i) in enumerate(todo):
             body += [f"if (blockIdx.y == {y}u && i < {self.n(i)}L) {{"] + \
                 ["    " + ln for ln in self._update(o, j, i)] + ["}"]
         widest = max([self.n(i) for _, i in todo] + [1])
-        return [self.kernel("opt", [body], (max(1, -(-widest // THREADS)), max(1, len(todo))))] if todo else []
+        return clip + [self.kernel("opt", [body], (max(1, -(-widest // THREADS)), max(1, len(todo))))] if todo else []
 
-    def _update(self, o, j, i):
-        """One parameter's update, operation by operation as ``tapegrad.optim`` (gradient + l2·w first)."""
-        lit, add, mul, div = self.d.lit, self.add, self.mul, self.div
+    def _gradient(self, o, j, i):
+        """The gradient the update reads: g (+ l2·w, as ``tapegrad.optim.l2_grad``)."""
         lines = [f"real gi = g{i}[i];"]
         if o.l2[j]:
-            lines.append(f"gi = {add('gi', mul(lit(float(o.l2[j])), f'v{i}[i]'))};")
+            lines.append(f"gi = {self.add('gi', self.mul(self.d.lit(float(o.l2[j])), f'v{i}[i]'))};")
+        return lines
+
+    def _clip(self, o, todo):
+        """Global-norm clipping on the device: Σ gi² per parameter (serial, in index order; the CPU
+        backends take one BLAS dot), the norm and the decision in double in registration order (one
+        thread), into scratch ``S{CLIP}`` (per-parameter sums) and ``S{CLIP + 1}`` (clipped?, scale) that
+        the update reads. Within the "blas" bound of the CPU backends, whose dot order BLAS chooses."""
+        q, f = f"S{CLIP}", f"S{CLIP + 1}"
+        self.scratch(CLIP, len(todo))
+        self.scratch(CLIP + 1, 2)
+        sums = ["const unsigned y = blockIdx.y;"]
+        for y, (j, i) in enumerate(todo):
+            sums += [f"if (y == {y}u) {{", f"    real acc = {self.d.lit(0.0)};", f"    for (long i = 0; i < {self.n(i)}L; i++) {{"]
+            sums += ["        " + ln for ln in self._gradient(o, j, i)]
+            sums += [f"        acc = {self.add('acc', self.mul('gi', 'gi'))};", "    }", f"    {q}[y] = acc;", "}"]
+        maxn = float(o.clip)
+        decide = {"optax": "norm >= maxn", "seed": "norm > maxn", "torch": "maxn / (norm + 1e-6) < 1.0"}[o.clip_mode]
+        scale = {"optax": "norm", "seed": "maxn / norm", "torch": "maxn / (norm + 1e-6)"}[o.clip_mode]
+        norm = ["double total = 0.0;", f"for (int y = 0; y < {len(todo)}; y++)",
+                f"    total = __dadd_rn(total, (double){q}[y]);",
+                "const double norm = sqrt(total);", f"const double maxn = {maxn!r};",
+                f"{f}[0] = ({decide}) ? (real)1.0 : (real)0.0;", f"{f}[1] = (real)({scale});"]
+        return [self.kernel("clipsq", [sums], (1, len(todo)), 1), self.kernel("clipnorm", [norm], 1, 1)]
+
+    def _update(self, o, j, i):
+        """One parameter's update, operation by operation as ``tapegrad.optim`` (gradient + l2·w first,
+        then the clip scale)."""
+        lit, add, mul, div = self.d.lit, self.add, self.mul, self.div
+        lines = self._gradient(o, j, i)
+        if o.clip is not None:
+            f = f"S{CLIP + 1}"
+            scaled = mul(div("gi", f"{f}[1]"), lit(float(o.clip))) if o.clip_mode == "optax" else mul("gi", f"{f}[1]")
+            lines.append(f"if ({f}[0] != {lit(0.0)}) gi = {scaled};")
         if o.kind == "SGD":
             return lines + [f"v{i}[i] = {self.d.render(('bin', '-', ('var', 'a'), ('var', 'b')), {'a': f'v{i}[i]', 'b': mul(lit(float(o.lr)), 'gi')})};"]
         c = o.conf
@@ -419,7 +451,15 @@ class CudaProgram:
             "#define TG_PHASE(n) 1",
             "#define TG_BARRIER() __syncthreads()",
             "#endif",
-            ""] + (self._pairwise() if self.pairwise else []) + (source_scan.argsort_source() if self.sort_helper
+            "#ifndef INFINITY   /* NVRTC includes no math.h */",
+            "#define INFINITY __int_as_float(0x7f800000)",
+            "#endif",
+            "#ifndef NAN",
+            "#define NAN __int_as_float(0x7fffffff)",
+            "#endif",
+            ""] + (source_special.source() if source_special.needed(self.kernels) else [])
+            + (source_linalg.helpers(self.f32) if self.linalg else [])
+            + (self._pairwise() if self.pairwise else []) + (source_scan.argsort_source() if self.sort_helper
                                                                   else []) + self.kernels + [
             "#ifndef TG_HOST",
             "/* settab: point table entries at other buffers (an XLA custom call's operands), before a graph replay;",
@@ -598,6 +638,6 @@ _FORWARD = {"matmul": _matmul_fwd, "matmul_ordered": _matmul_fwd, "sum": _reduce
 _BACKWARD = {"matmul": _matmul_d, "matmul_ordered": _matmul_d, "sum": _spread_da, "mean": _spread_da,
              "sum_ordered": _spread_da, "mean_ordered": _spread_da, "reshape": _reshape_da,
              "transpose": _transpose_da, "broadcast_to": _broadcast_da, "softmax_xent": _xent_d}
-for _family in (source_index, source_scan, source_more):
+for _family in (source_index, source_scan, source_more, source_conv, source_linalg):
     _FORWARD.update(_family.FORWARD)
     _BACKWARD.update(_family.BACKWARD)

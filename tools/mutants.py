@@ -73,13 +73,12 @@ JAX_INDEX = ["tests/test_ops_index.py::" + t for t in (
     "test_masked_causal_attention_with_minus_inf", "test_gru_unrolled_by_a_python_loop_matches_lax_scan",
     "test_graph_convolution_with_scatter_add", "test_cnn_with_integer_labels",
     "test_data_slots_are_part_of_the_program_inside_jax_jit")]   # these run JAX (the data-input tests before them do not)
+LINES = ["tests/test_tape.py::test_check_finite_names_the_first_bad_node_and_its_line",
+         "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients",
+         "tests/test_tape.py::test_first_nonfinite_reports_the_exact_line_of_each_creating_call"]
 DESELECT = {
-    "tape": JAX_INDEX + ["tests/test_tape.py::test_check_finite_names_the_first_bad_node_and_its_line",
-             "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients",
-             "tests/test_tape.py::test_first_nonfinite_reports_the_exact_line_of_each_creating_call",
-             "tests/test_tape_edges.py::test_a_direct_apply_names_the_line_that_called_it"],
-    "schedule": ["tests/test_tape.py::test_check_finite_names_the_first_bad_node_and_its_line",
-                 "tests/test_tape.py::test_first_nonfinite_finds_values_then_gradients"],
+    "tape": JAX_INDEX + LINES + ["tests/test_tape_edges.py::test_a_direct_apply_names_the_line_that_called_it"],
+    "schedule": LINES,
     "capture": [NO_ALLOC],
     "replay": [NO_ALLOC],
     "optim": [NO_ALLOC],

@@ -1,5 +1,6 @@
 """The oracle's report texts, whole: kinks, divergences and precision notes with and without a location,
 and the message naming primitives that cannot be replayed (each kind of reason)."""
+import numpy as np
 import pytest
 
 pytest.importorskip("interop")
@@ -94,3 +95,31 @@ def test_kinks_inside_a_loop_are_reported_whole_per_iteration():
     assert r.kinks == [
         oracle.Kink(0, eqn, 2, "d/dx = 0", "d/dx = 0.5", "2 ties of max (a == b)", "scan (step 0) › iteration 0"),
         oracle.Kink(0, eqn, 3, "d/dx = 0", "d/dx = 0.5", "3 ties of max (a == b)", "scan (step 0) › iteration 1")]
+
+
+def test_a_nudge_moves_each_float_input_off_its_kink_by_a_small_relative_step():
+    """_nudged (the kink classifier's probe): every float input moves by 0.5–1 × 1e-7·(max|x| + 1) per
+    element, in both directions, keeping its dtype; integer inputs, literals and empty inputs stay."""
+    from types import SimpleNamespace
+    from jax.core import ShapedArray
+    from interop import jnp
+    from interop.oracle_replay import Literal
+    x = np.array([0.0, 3.0, -2.0, 0.5] * 64)
+    ints, empty = np.arange(4, dtype=np.int32), np.zeros((0,))
+    lit = Literal(2.0, ShapedArray((), jnp.float64))
+    ins = [object(), object(), object(), object(), lit]
+    invars = [SimpleNamespace(aval=ShapedArray(x.shape, jnp.float64)),
+              SimpleNamespace(aval=ShapedArray(x.shape, jnp.float32)),
+              SimpleNamespace(aval=ShapedArray(ints.shape, jnp.int32)),
+              SimpleNamespace(aval=ShapedArray(empty.shape, jnp.float64)),
+              SimpleNamespace(aval=ShapedArray((), jnp.float64))]
+    u = SimpleNamespace(ins=ins, eqn=SimpleNamespace(invars=invars))
+    jin = [jnp.asarray(x), jnp.asarray(x, jnp.float32), jnp.asarray(ints), jnp.asarray(empty), jnp.asarray(2.0)]
+    out = oracle._nudged(u, jin, np.random.default_rng(0))
+    step = 1e-7 * (np.abs(x).max() + 1.0)
+    d = np.asarray(out[0]) - x
+    assert out[0].dtype == jnp.float64 and out[1].dtype == jnp.float32
+    assert np.all(np.abs(d) >= 0.5 * step * (1 - 1e-9)) and np.all(np.abs(d) <= step * (1 + 1e-9))
+    assert (d > 0).any() and (d < 0).any()
+    assert np.abs(np.asarray(out[1], np.float64) - x).max() > 0
+    assert out[2] is jin[2] and out[4] is jin[4] and np.asarray(out[3]).shape == (0,)

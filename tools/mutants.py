@@ -63,6 +63,7 @@ MODULES = {
     "oracle": ("interop/oracle.py", ["tests/test_oracle_check_grads.py", "tests/test_interop_edges.py",
                                      "tests/test_oracle_reports.py"]),
     "program": ("interop/program.py", ["tests/test_interop_program.py", "tests/test_interop_edges.py"]),
+    "gpu": ("tapegrad/gpu/source.py", ["tests/test_gpu.py", "tests/test_gpu_ops.py", "tests/test_gpu_ops_more.py"]),
 }
 # Tests that cannot pass under mutmut: the tape reports the first stack frame outside the tapegrad package as
 # the place that created a node, and a mutated module calls through mutmut's trampoline (outside it); the

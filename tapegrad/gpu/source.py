@@ -197,18 +197,24 @@ class CudaProgram:
                 segs.append([k])
         return segs
 
-    def _row_element(self, k):
-        """Lines computing node k's element at row ``s``, column ``c`` (flat index ``i``)."""
+    def ew_forward(self, k):
+        """Lines computing elementwise node k's value at flat index ``i`` (per-node and fused kernels alike)."""
         p = self.p
         op, a, b, s = p.nodes[k]
         os_ = p.shapes[k]
-        if op is ordered.matmul:
-            kk, nn = p.shapes[a][1], os_[1]
-            return self.dot_lines(f"v{k}", f"v{a}", f"v{b}", "s", "c", kk, (kk, 1), (nn, 1))
         env = {"a": self.operand(a, os_), "b": self.operand(b, os_) if b >= 0 else None,
                "c": self.operand(p.third[k], os_) if p.third[k] >= 0 else None}
         stmts = [f"v{k}[i] = {self.d.render(expr_of(op, 'c_fwd'), env, s)};"]
         return self.idx(os_, stmts) + stmts
+
+    def _row_element(self, k):
+        """Lines computing node k's element at row ``s``, column ``c`` (flat index ``i``)."""
+        p = self.p
+        op, a, b, _ = p.nodes[k]
+        if op is ordered.matmul:
+            kk, nn = p.shapes[a][1], p.shapes[k][1]
+            return self.dot_lines(f"v{k}", f"v{a}", f"v{b}", "s", "c", kk, (kk, 1), (nn, 1))
+        return self.ew_forward(k)
 
     def _row_segment(self, seg):
         """Block = row s, threads stride the columns of each node in turn, a barrier between nodes."""
@@ -222,14 +228,9 @@ class CudaProgram:
         return self.kernel(f"r{seg[0]}_{seg[-1]}", phases, rows, head=["const long s = blockIdx.x;"])
 
     def _node_forward(self, k):
-        p = self.p
-        op, a, b, s = p.nodes[k]
+        op, a, b, s = self.p.nodes[k]
         if op.kind == "elementwise":
-            os_ = p.shapes[k]
-            env = {"a": self.operand(a, os_), "b": self.operand(b, os_) if b >= 0 else None,
-                   "c": self.operand(p.third[k], os_) if p.third[k] >= 0 else None}
-            stmts = [f"v{k}[i] = {self.d.render(expr_of(op, 'c_fwd'), env, s)};"]
-            return [self.flat(f"f{k}", self.n(k), self.idx(os_, stmts) + stmts)]
+            return [self.flat(f"f{k}", self.n(k), self.ew_forward(k))]
         return _FORWARD[op.name](self, k, op, a, b, s)
 
     def dot_lines(self, dst, A, B, r, c, kk, sa, sb, first=True):
@@ -245,31 +246,36 @@ class CudaProgram:
 
     def reduce(self, tag, x, out, shape, axes, scale=None, first=True, numpy_order=False):
         """out[o] (+)= Σ x over ``axes``, then / ``scale``: serial, row-major over the reduced index —
-        except, with ``numpy_order``, a trailing block of reduced axes, which NumPy sums pairwise
-        (``tg_pw``, its blocks of 8 and 128; a sum over leading axes is serial in NumPy too)."""
+        except, with ``numpy_order``, NumPy's order (the native runtime's ``tg_reduce``): the trailing
+        block of reduced axes, contiguous, summed pairwise (``tg_pw``, its blocks of 8 and 128), and those
+        block sums added serially in row-major order of the other reduced axes."""
         red = [1 if d in axes else 0 for d in range(len(shape))]
-        t = len(shape) - sum(red)
-        if numpy_order and all(red[t:]) and not any(red[:t]) and math.prod(shape[t:]) > 1:
+        t = len(shape)
+        while t and red[t - 1]:
+            t -= 1
+        inner = math.prod(shape[t:]) if numpy_order else 1
+        if inner > 1:   # the same reduction over the blocks, each block one tg_pw
             self.pairwise = True
-            nred = math.prod(shape[t:])
-            lines = [f"real acc = {self.add(self.d.lit(0.0), f'tg_pw({x} + i * {nred}L, {nred}L)')};"]
-            if scale is not None:
-                lines.append(f"acc = {self.div('acc', self.d.lit(float(scale)))};")
-            return self.flat(tag, math.prod(shape[:t]), lines + [self.put(f"{out}[i]", "acc", first)])
+            shape, red = shape[:t], red[:t]
         st = strides(shape)
-        kept = [(m, t) for m, t, r in zip(shape, st, red) if not r]
-        rd = [(m, t) for m, t, r in zip(shape, st, red) if r]
+        kept = [(m, s) for m, s, r in zip(shape, st, red) if not r]
+        rd = [(m, s) for m, s, r in zip(shape, st, red) if r]
         nout, nred = math.prod(m for m, _ in kept), math.prod(m for m, _ in rd)
 
         def offset(var, dims):
             terms, div = [], 1
-            for m, t in reversed(dims):
-                terms.append(f"(({var} / {div}L) % {m}L) * {t}L")
+            for m, s in reversed(dims):
+                terms.append(f"(({var} / {div}L) % {m}L) * {s}L")
                 div *= m
             return " + ".join(terms) or "0L"
 
-        lines = [f"const long base = {offset('i', kept)};", f"real acc = {self.d.lit(0.0)};",
-                 f"for (long r = 0; r < {nred}L; r++) acc = {self.add('acc', f'{x}[base + {offset(chr(114), rd)}]')};"]
+        if inner > 1 and nred == 1:   # only the trailing block: one tg_pw per output element
+            lines = [f"real acc = {self.add(self.d.lit(0.0), f'tg_pw({x} + i * {inner}L, {inner}L)')};"]
+        else:
+            e = f"tg_pw({x} + (base + {offset('r', rd)}) * {inner}L, {inner}L)" if inner > 1 else \
+                f"{x}[base + {offset('r', rd)}]"
+            lines = [f"const long base = {offset('i', kept)};", f"real acc = {self.d.lit(0.0)};",
+                     f"for (long r = 0; r < {nred}L; r++) acc = {self.add('acc', e)};"]
         if scale is not None:
             lines.append(f"acc = {self.div('acc', self.d.lit(float(scale)))};")
         lines.append(self.put(f"{out}[i]", "acc", first))

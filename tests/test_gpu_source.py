@@ -113,3 +113,182 @@ def test_a_gradient_summed_over_leading_and_trailing_axes_follows_numpys_order(s
         return [w], ys, weighted(tape, rng, ys)
     for ordered in (True, False):
         assert_equal_native(build, ordered)
+
+
+# ── elementwise operands ────────────────────────────────────────────────────
+
+def operands(tape, rng):
+    """Elementwise nodes whose operands broadcast in every way (a (2,) row, a scalar, a (3, 4) block
+    under (2, 3, 4), a column times a row, a column over 2 columns), node 0 as the second operand of a
+    fused row, static operands (x + s, x · s, xˢ), a constant first operand, and a leaf whose gradient
+    collects a summed-back contribution after a same-shape one."""
+    w0 = tape.param(rng.standard_normal((4, 5)))    # node 0
+    x = tape.param(rng.standard_normal((4, 5)))
+    r = tape.param(rng.standard_normal(2))
+    sc = tape.param(np.array(1.25))
+    m = tape.param(rng.standard_normal((3, 4)))
+    cube = tape.param(rng.standard_normal((2, 3, 4)))
+    col = tape.param(rng.standard_normal((3, 1)))
+    row = tape.param(rng.standard_normal((1, 4)))
+    y = tape.param(rng.standard_normal((3, 2)))
+    ys = [(x * w0).relu() * 1.5, y * r, y * sc, cube + m, cube * m, col * row, col + row, col * y,
+          tape.const(rng.standard_normal((3, 2))) * y, (x + 2.5) ** 3.0, x / -0.75]
+    ys.append(row * row)   # row's first contribution (recorded last); col + row's summed one comes after it
+    return [w0, x, r, sc, m, cube, col, row, y], ys, weighted(tape, rng, ys)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_broadcast_and_static_operands_equal_native(ordered):
+    assert_equal_native(operands, ordered)
+
+
+def masked(tape, rng):
+    """where with a bool mask that is node 0 (a data input read as bytes), both branches trained."""
+    mask = tape.const(rng.standard_normal((3, 4)) > 0)
+    a = tape.param(rng.standard_normal((3, 4)))
+    b = tape.param(rng.standard_normal((1, 4)))
+    ys = [tg.where(mask, a, b), tg.where(mask, a * 2.0, 0.5)]
+    return [a, b], ys, weighted(tape, rng, ys)
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_where_with_a_bool_mask_equals_native(ordered):
+    assert_equal_native(masked, ordered)
+
+
+# ── softmax_xent ────────────────────────────────────────────────────────────
+
+def xents(tape, rng):
+    """Three softmax_xent nodes: over the last axis, over a middle and over the first axis of a 3-D
+    array (lines strided by an inner extent), the first two with trained targets (db)."""
+    a = tape.param(rng.standard_normal((4, 5)))
+    t = tape.param(rng.dirichlet(np.ones(5), 4))
+    a3 = tape.param(rng.standard_normal((3, 4, 2)))
+    t3 = tape.param(rng.dirichlet(np.ones(4), (3, 2)).transpose(0, 2, 1).copy())
+    ys = [tg.softmax_cross_entropy(a, t), tg.softmax_cross_entropy(a3, t3, axis=1),
+          tg.softmax_cross_entropy(a3, tape.const(rng.dirichlet(np.ones(3), (4, 2)).transpose(2, 0, 1).copy()),
+                                   axis=0)]
+    return [a, t, a3, t3], ys, ys[0] * 1.5 + ys[1] * 0.5 + ys[2]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("ordered", [True, False])
+def test_softmax_xent_over_any_axis_with_trained_targets_equals_native(ordered, dtype):
+    """Gradients bit for bit; the loss values within the "order" tier (the device adds the n = 24 terms
+    −t·logsoftmax in one serial total, the native program line by line): with targets ≥ 0 every term
+    is ≥ 0, so |device − native| ≤ n·eps·value."""
+    want = run(xents, "native", ordered, dtype=dtype)
+    eps = np.finfo(dtype).eps
+    for fuse in (True, False):
+        got = run(xents, "gpu", ordered, fuse, dtype)
+        for g, w in zip(got[:3], want[:3]):
+            assert abs(float(g) - float(w)) <= 24 * eps * abs(float(w))
+        assert all(np.array_equal(g, w) for g, w in zip(got[3:], want[3:]))
+
+
+# ── matmul gradients that collect several contributions ────────────────────
+
+def matmuls(tape, rng):
+    """x read by two matmuls, w by two more: the second contribution to each gradient adds to the first."""
+    x = tape.param(rng.standard_normal((4, 3)))
+    w = tape.param(rng.standard_normal((3, 5)))
+    v = tape.param(rng.standard_normal((3, 2)))
+    z = tape.param(rng.standard_normal((6, 3)))
+    ys = [x @ w, x @ v, z @ w, (x @ w).relu() @ tape.const(rng.standard_normal((5, 2)))]
+    return [x, w, v, z], ys, weighted(tape, rng, ys)
+
+
+def test_ordered_matmul_gradients_that_accumulate_equal_native():
+    assert_equal_native(matmuls, True)
+
+
+def test_default_mode_matmul_gradients_that_accumulate_within_the_blas_bound():
+    """Default mode: cuBLAS call sites (NumPy's matmul in the emulation) against the native program's
+    BLAS: each element within the "blas" tier's 16·spacing + 16·eps·max|native|."""
+    want = run(matmuls, "native", False)
+    for fuse in (True, False):
+        got = run(matmuls, "gpu", False, fuse)
+        for g, w in zip(got, want):
+            tol = 16 * np.spacing(np.abs(w)) + 16 * EPS * np.max(np.abs(w))
+            assert g.shape == w.shape and np.all(np.abs(g - w) <= tol)
+
+
+# ── fusion ──────────────────────────────────────────────────────────────────
+
+def rows(tape, rng):
+    """A row-local run h → t → u whose member t is a (rows, 1) column, then v with other rows."""
+    x = tape.param(rng.standard_normal((4, 5)))
+    c = tape.param(rng.standard_normal((4, 1)))
+    p = tape.param(rng.standard_normal((6, 5)))
+    h = x * 2.0
+    t = c * 3.0
+    u = h * t
+    v = p * 0.5
+    ys = [u, v]
+    return [x, c, p], ys, u.sum() + v.sum()
+
+
+def test_a_row_local_run_with_a_column_member_is_one_kernel_and_other_rows_start_another():
+    """Forward: h, t, u fused into one kernel (t, a (4, 1) column, is read at its row by u); v (6 rows)
+    cannot join a 4-row grid; then the two sums and their add: 5 launches, values equal to native."""
+    assert_equal_native(rows)
+    tape = tg.Tape(ordered=True)
+    _, _, loss = rows(tape, np.random.default_rng(7))
+    prog = tg.capture(tape, loss)
+    assert [len(CudaProgram(prog, fuse).forward) for fuse in (True, False)] == [5, 7]
+
+
+# ── the custom call's table slots, kernel launches ──────────────────────────
+
+@pytest.mark.parametrize("kind", ["SGD", "Adam"])
+def test_operand_slots_point_at_each_operands_memory(kind):
+    """interop.gpu_call's operands (params, Adam's moments per attached parameter, the step count,
+    inputs) map to table entries holding that operand's address; -1 where no kernel reads it (a param
+    the loss does not reach, its moments, an unused input, the count); the loss's entry holds its value."""
+    rng = np.random.default_rng(4)
+    tape = tg.Tape(ordered=True)
+    w = tape.param(rng.standard_normal((3, 2)))
+    idle = tape.param(rng.standard_normal(2))
+    b = tape.param(rng.standard_normal(2))
+    x = tape.const(rng.standard_normal((4, 3)))
+    tape.const(rng.standard_normal(5))   # an input nothing reads
+    loss = ((x @ w + b) ** 2.0).mean()
+    prog = tg.capture(tape, loss)
+    opt = getattr(tg, kind)(1e-2)
+    for p in (w, idle, b):
+        opt.add(tape, p)
+    prog.attach(opt)
+    emulate(prog)
+    runner = prog.runner
+    slots, loss_slot = runner.cp.operand_slots()
+
+    def address(slot):
+        return -1 if slot == -1 else int(runner.vt[slot])
+
+    want = [prog.val[k].ctypes.data if k != idle.id else -1 for k in prog.params]
+    if kind == "Adam":
+        for j, k in enumerate(prog.opt.ids):
+            want += [prog.opt.mu[j].ctypes.data, prog.opt.nu[j].ctypes.data] if k != idle.id else [-1, -1]
+    want.append(-1)
+    want += [prog.val[k].ctypes.data if k == x.id else -1 for k in prog.consts]
+    assert [address(s) for s in slots] == want
+    assert address(loss_slot) == prog.val[prog.loss_id].ctypes.data
+    assert len(prog.params) == 3 and len(prog.consts) == 2
+
+
+def test_the_plan_counts_every_launch_and_each_names_one_kernel_of_the_source():
+    """plan()'s launches per episode are the launches an episode makes; every launch is a kernel defined
+    once in the source or a cuBLAS call site (default mode)."""
+    from test_gpu import episode_program
+    for ordered in (True, False):
+        prog, *_ = episode_program("adam", "xent", ordered)
+        emulate(prog)
+        made = []
+        launch = prog.runner.launch
+        prog.runner.launch = lambda L: (made.append(L), launch(L))
+        prog.episode()
+        assert prog.plan()["launches_per_episode"] == len(made)
+        cp = prog.runner.cp
+        assert {L.kind for L in made} == ({"kernel"} if ordered else {"kernel", "gemm"})
+        for L in made:
+            assert L.kind == "gemm" or cp.src.count(f" void {L.name}(") == 1

@@ -292,3 +292,96 @@ def test_the_plan_counts_every_launch_and_each_names_one_kernel_of_the_source():
         assert {L.kind for L in made} == ({"kernel"} if ordered else {"kernel", "gemm"})
         for L in made:
             assert L.kind == "gemm" or cp.src.count(f" void {L.name}(") == 1
+
+
+# ── every elementwise op, the optimizer step ────────────────────────────────
+
+def test_every_elementwise_op_equals_native():
+    """Every case of every elementwise registry op in one ordered program (values and gradients, through
+    the per-node and fused kernels): the same C expressions and the host's libm, so the same bits."""
+    from test_gpu_ops import every_case
+    names = [n for n, o in O.OPS.items() if o.kind == "elementwise"]
+    native, want = every_case("native", names=names)
+    native.forward()
+    native.backward()
+    for fuse in (True, False):
+        dev, got = every_case("numpy", names=names)
+        emulate(dev, fuse)
+        dev.forward()
+        dev.backward()
+        for (name, case, xs, y), (_, _, xd, yd) in zip(want, got):
+            assert np.array_equal(dev.value(yd), native.value(y), equal_nan=True), (name, case, fuse)
+            for v, vd in zip(xs, xd):
+                assert np.array_equal(dev.grad(vd), native.grad(v), equal_nan=True), (name, case, fuse)
+
+
+def trained(opt, tape, rng):
+    """A program with a parameter of 320 elements (more than one block of 256 threads) and an L2 term,
+    then one the loss does not reach (no gradient, no update; its memory follows the wide one's without
+    padding, so a step writing one element too many would move it), ``opt`` attached."""
+    big = tape.param(rng.standard_normal((16, 20)))
+    idle = tape.param(rng.standard_normal(3))
+    w = tape.param(rng.standard_normal((20, 2)))
+    x = tape.const(rng.standard_normal((4, 16)))
+    loss = ((x @ big @ w).tanh() ** 2.0).mean()
+    for k, p in enumerate((big, idle, w)):
+        opt.add(tape, p, l2=0.01 if k == 0 else 0.0)
+    return [big, idle, w], loss
+
+
+@pytest.mark.parametrize("make", [lambda: tg.SGD(0.1), lambda: tg.Adam(1e-2), lambda: tg.Adam(1e-2, eps_mode="hat"),
+                                  lambda: tg.Adam(1e-2, clip=1e-3), lambda: tg.SGD(0.1, clip=1e-3, clip_mode="seed")],
+                         ids=["sgd", "adam", "adam_hat", "adam_clip", "sgd_clip"])
+def test_optimizer_steps_over_wide_and_untouched_parameters_equal_native(make):
+    """Three episodes: the parameters (the idle one unchanged) and losses equal the native program's bit
+    for bit; with clipping within the "blas" bound (the device's norm is a serial Σ g², the CPU's a dot)."""
+    runs = []
+    for backend, fuse in (("native", True), ("gpu", True), ("gpu", False)):
+        tape = tg.Tape(ordered=True)
+        opt = make()
+        params, loss = trained(opt, tape, np.random.default_rng(9))
+        prog = tg.capture(tape, loss, backend="native" if backend == "native" else "numpy", fuse=fuse)
+        prog.attach(opt)
+        if backend == "gpu":
+            emulate(prog, fuse)
+        losses = [prog.episode() for _ in range(3)]
+        runs.append((losses, [np.array(prog.value(p)) for p in params]))
+    (want, wp), start = runs[0], trained(tg.SGD(0.1), tg.Tape(), np.random.default_rng(9))[0]
+    assert (wp[1] == start[1].value).all() and not (wp[0] == start[0].value).all()
+    for got, gp in runs[1:]:
+        if make().clip is None:
+            assert got == want and all((a == b).all() for a, b in zip(gp, wp))
+        else:
+            assert np.allclose(got, want, rtol=1e-13, atol=0)
+            assert all(np.all(np.abs(a - b) <= 16 * np.spacing(np.abs(b)) + 16 * EPS * np.abs(b).max())
+                       for a, b in zip(gp, wp))
+
+
+# ── what the device cannot run, said at capture ─────────────────────────────
+
+def test_device_form_needs_every_expression_and_only_device_helpers(monkeypatch):
+    import dataclasses
+    assert gpu_source.device_form(O.OPS["where"]) and gpu_source.device_form(O.OPS["digamma"])
+    for field in ("c_fwd", "c_da", "c_db"):
+        assert not gpu_source.device_form(dataclasses.replace(O.OPS["where"], name=f"where_no_{field}", **{field: None}))
+    assert gpu_source.device_form(O.OPS["take"])   # other kinds: a kernel registered under the op's name
+    assert not gpu_source.device_form(dataclasses.replace(O.OPS["take"], name="take_renamed"))
+    monkeypatch.setattr(gpu_source.source_special, "DEVICE_FUNCS", frozenset({"tg_digamma"}))
+    assert not gpu_source.device_form(O.OPS["digamma"])   # its derivative calls tg_trigamma
+    assert gpu_source.device_form(O.OPS["lgamma"])
+
+
+def test_a_missing_kernel_is_named_at_capture(monkeypatch):
+    tape = tg.Tape()
+    w = tape.param(np.ones((2, 3)))
+    t = w.T
+    loss = (t * t).sum()
+    prog = tg.capture(tape, loss)
+    monkeypatch.delitem(gpu_source._BACKWARD, "transpose")
+    with pytest.raises(tg.TapeError, match=rf"^transpose \(node {t.id}\): the GPU backend has no backward kernel "
+                                           r"for this op$"):
+        CudaProgram(prog)
+    monkeypatch.delitem(gpu_source._FORWARD, "transpose")
+    with pytest.raises(tg.TapeError, match=rf"^transpose \(node {t.id}\): the GPU backend has no device kernel for "
+                                           r"this op; use backend='native' or 'numpy'$"):
+        CudaProgram(prog)

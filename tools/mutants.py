@@ -64,7 +64,8 @@ MODULES = {
     "oracle": ("interop/oracle.py", ["tests/test_oracle_check_grads.py", "tests/test_interop_edges.py",
                                      "tests/test_oracle_reports.py"]),
     "program": ("interop/program.py", ["tests/test_interop_program.py", "tests/test_interop_edges.py"]),
-    "gpu": ("tapegrad/gpu/source.py", ["tests/test_gpu.py", "tests/test_gpu_ops.py", "tests/test_gpu_ops_more.py"]),
+    "gpu": ("tapegrad/gpu/source.py", ["tests/test_gpu_source.py", "tests/test_gpu.py", "tests/test_gpu_ops.py",
+                                       "tests/test_gpu_ops_more.py"]),
 }
 # The GPU backend's modules are named on the command line (make mutants MUTANTS="gpu ..."); the default
 # run is the core, which is meant to finish in under an hour on 2 cores.
@@ -96,7 +97,8 @@ PRELOAD = ["numpy", "scipy", "scipy.linalg", "jax", "jax.numpy", "chex", "optax"
 # pytest's 2 (interrupted: a collection error) counts as killed: a mutant that breaks a test module's setup
 # (e.g. the FFI handler's source, built when the interop tests are imported) fails those tests.
 STATUS = {1: "killed", 2: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
-          24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault"}
+          24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault",
+          -6: "segfault"}   # -6: SIGABRT, the C library caught a heap the mutant had overwritten
 KILLED = {"killed", "timeout", "segfault"}
 
 
@@ -142,6 +144,7 @@ def run_module(name, jobs):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TAPEGRAD_CACHE"] = os.path.join(OUT, "cache")   # mutated C never lands in the user's build cache
     env["CC"] = os.path.join(ROOT, "tools", "cc_mutants")   # -O0: same bits, compiles 20x faster
+    env["CXX"] = os.path.join(ROOT, "tools", "cxx_mutants")   # the GPU host emulation at -O0: same bits
     t0 = time.time()
     with open(os.path.join(OUT, f"{name}.log"), "w") as log:
         rc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)], cwd=work, env=env,

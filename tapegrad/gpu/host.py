@@ -121,7 +121,7 @@ class HostRunner(LaunchRunner):
             return p.grad_buf(k).reshape(-1)
         if kind in "MN":
             return (p.opt.mu if kind == "M" else p.opt.nu)[k].reshape(-1)
-        return self.scratch.setdefault(k, np.zeros(self.cp.scratch_size, p.dtype))
+        return self.scratch.setdefault(key, np.zeros(self.cp.scratch_size, p.dtype))   # one per key, as on the device
 
     def handles(self):
         """The pointer table (address, length, entries), control buffer and device, as

@@ -42,13 +42,18 @@ def assert_equal_native(build, ordered=True, dtype="float64"):
         assert len(got) == len(want)
         for j, (g, w) in enumerate(zip(got, want)):
             assert g.shape == w.shape and np.array_equal(g, w, equal_nan=True), (fuse, j, np.max(np.abs(g - w)))
+            assert (np.signbit(g) == np.signbit(w)).all(), (fuse, j, "the sign of a zero")
 
 
 def weighted(tape, rng, ys):
-    """Σ_j Σ y_j · r_j with fixed random weights r_j: a scalar loss that reads every output element."""
+    """Σ_j Σ y_j · r_j with fixed random weights r_j, every third one −0.0: a scalar loss that reads every
+    output element, and gradients with negative zeros (which a first contribution must keep: adding it to
+    a zeroed buffer would make them +0.0)."""
     loss = None
     for y in ys:
-        term = (y * tape.const(rng.standard_normal(y.shape))).sum()
+        r = rng.standard_normal(y.shape)
+        r.reshape(-1)[::3] = -0.0
+        term = (y * tape.const(r)).sum()
         loss = term if loss is None else loss + term
     return loss
 
@@ -56,15 +61,18 @@ def weighted(tape, rng, ys):
 # ── layout ops and sums over some axes ──────────────────────────────────────
 
 def layout(tape, rng):
-    """transpose, reshape, broadcast_to and sums/means over some axes, each leaf read twice (so its
-    gradient collects a second contribution after the first)."""
+    """transpose, reshape, broadcast_to and sums/means over some axes: leaves read several times (their
+    gradients collect contributions after the first) and leaves read once, by a reshape or a transpose
+    (whose contribution is the first)."""
     x = tape.param(rng.standard_normal((2, 3, 4)))
     w = tape.param(rng.standard_normal((3, 1)))
+    z = tape.param(rng.standard_normal((2, 3)))
+    q = tape.param(rng.standard_normal((3, 4)))
     ys = [x.transpose((2, 0, 1)), x.transpose((1, 2, 0)) * 2.0, x.reshape(4, 6), x.reshape(6, 4) + 1.0,
           tg.broadcast_to(w, (2, 3, 5)), tg.broadcast_to(w, (3, 2)) * 3.0,
           x.sum(axis=1), x.sum(axis=(0, 2), keepdims=True), x.mean(axis=0), x.sum(), x.mean(axis=(1, 2)),
-          x.sum(axis=2)]
-    return [x, w], ys, weighted(tape, rng, ys)
+          x.sum(axis=2), z.reshape(3, 2), q.T]
+    return [x, w, z, q], ys, weighted(tape, rng, ys)
 
 
 @pytest.mark.parametrize("ordered", [True, False])

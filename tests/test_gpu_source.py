@@ -17,6 +17,8 @@ from tapegrad.gpu import source as gpu_source
 from tapegrad.gpu.host import emulate
 from tapegrad.gpu.source import CudaProgram
 
+from test_gpu import NVCC
+
 EPS = np.finfo(np.float64).eps
 
 
@@ -393,3 +395,20 @@ def test_a_missing_kernel_is_named_at_capture(monkeypatch):
     with pytest.raises(tg.TapeError, match=rf"^transpose \(node {t.id}\): the GPU backend has no device kernel for "
                                            r"this op; use backend='native' or 'numpy'$"):
         CudaProgram(prog)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_the_source_defines_infinity_and_nan_where_no_math_h_does(tmp_path):
+    """NVRTC (CuPy's compiler) includes no math.h; the source then defines INFINITY and NAN itself. nvcc
+    with math.h's definitions removed must still build kernels that use them (max_pool's padding,
+    cholesky's value for a failed factorisation)."""
+    from test_gpu_ops import every_case
+    import subprocess
+    prog, _ = every_case("numpy", names=["max_pool", "cholesky", "solve"])   # solve: the LU helpers are used
+    src = CudaProgram(prog).src
+    assert "INFINITY" in src.split("#ifndef NAN")[1] and "NAN;" in src
+    path = tmp_path / "no_math_h.cu"
+    path.write_text("#include <math.h>\n#undef INFINITY\n#undef NAN\n" + src)
+    r = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "--fmad=false", "-Werror", "all-warnings", str(path),
+                        "-o", str(path.with_suffix(".cubin"))], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -89,6 +89,10 @@ DESELECT = {
     "capture": [NO_ALLOC],
     "replay": [NO_ALLOC],
     "optim": [NO_ALLOC],
+    # the families' programs through nvcc (4 s each): their kernels are the families' text; what source.py
+    # writes is compiled by the host emulation and by the nvcc tests of tests/test_gpu.py and test_gpu_source.py
+    "gpu": ["tests/test_gpu_ops.py::test_family_kernels_compile_with_nvcc",
+            "tests/test_gpu_ops_more.py::test_conv_and_linalg_kernels_compile_with_nvcc"],
 }
 FORKSERVER = {"oracle", "program", "codegen"}   # ops: its tests (test_ops, test_tape, test_native_reductions) never run JAX
 # imported by the fork server (none of them starts JAX's backend, which forked children would inherit dead)

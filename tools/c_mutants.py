@@ -3,15 +3,19 @@
 mutmut mutates Python only; the C runtime (``tapegrad/native/runtime.c``), the FFI handlers
 (``interop/tg_xla.c``, ``interop/tg_gpu.c``) and the shared step scalars get this list of realistic single bugs instead: an off-by-one at a summation
 threshold, a dropped NaN check, a swapped operand, a missed bias correction. Each is applied to a
-scratch copy of the tree (``build/mutants/c/``), the listed tests run against it (stopping at the
+scratch copy of the tree (``build/mutants/c/``, ``c1/``…: one per job), the listed tests run against it (stopping at the
 first failure), and the mutant counts as killed when they fail. A mutant that no longer compiles is
 reported as invalid (fix the mutation), never as killed.
 
     python tools/c_mutants.py            # all of them
     python tools/c_mutants.py 3 7        # some, by index
+    python tools/c_mutants.py --jobs 1   # one at a time (default: two)
 """
+import argparse
+import concurrent.futures
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -192,18 +196,31 @@ def run_one(work, k):
 
 
 def main():
-    pick = [int(a) for a in sys.argv[1:]] or range(len(MUTATIONS))
-    work = os.path.join(OUT, "c")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("pick", nargs="*", type=int, help="mutation indices (default: all)")
+    ap.add_argument("--jobs", type=int, default=2, help="mutations run in parallel, each in its own copy (default 2)")
+    args = ap.parse_args()
+    pick = args.pick or range(len(MUTATIONS))
     os.makedirs(OUT, exist_ok=True)
-    copy_tree(work)
+    works = queue.Queue()
+    for j in range(max(1, args.jobs)):
+        work = os.path.join(OUT, "c" if j == 0 else f"c{j}")
+        copy_tree(work)
+        works.put(work)
     t0 = time.time()
-    results = []
-    for k in pick:
-        r = run_one(work, k)
-        results.append(r)
+
+    def one(k):
+        work = works.get()
+        try:
+            r = run_one(work, k)
+        finally:
+            works.put(work)
         print(f"[{k:2d}] {r['status']:9s} {r['file']}: {r['what']}  {r['detail']}", flush=True)
+        return r
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(one, pick))
     path = os.path.join(OUT, "c.json")
-    if sys.argv[1:] and os.path.exists(path):   # a partial rerun: keep the other mutations' last results
+    if args.pick and os.path.exists(path):   # a partial rerun: keep the other mutations' last results
         with open(path) as f:
             earlier = {r["index"]: r for r in json.load(f)["results"]}
         earlier.update({r["index"]: r for r in results})

@@ -1,12 +1,13 @@
-"""The CUDA source generator (tapegrad/gpu/source.py) on the graphs the MLP episodes of tests/test_gpu.py
-do not build: layout ops, sums over some axes, broadcasting operands of every kind, three-input and
-static-operand elementwise nodes, a bool mask, gradients that collect several contributions, targets
-that are trained, softmax_xent over an inner axis, default-mode matmul gradients that accumulate, the
-fusion rules and the custom call's table slots.
+"""The CUDA source generator (tapegrad/gpu/source.py) on what the MLP episodes of tests/test_gpu.py do not
+build: layout ops, sums over some axes and over long rows, operands that broadcast in every way, static
+and three-input elementwise nodes with a bool mask, every elementwise op, gradients that collect several
+contributions (and first ones that must keep a -0.0), softmax_xent over any axis with trained targets,
+matmul gradients that accumulate, the fusion rules, optimizer steps over wide and untouched parameters,
+the custom call's table slots, the launch plan, which ops have a device form and the capture-time errors.
 
 Each graph runs twice (forward and backward) in the host emulation of its CUDA program, fused and per
-node, and must equal the native CPU program: bit for bit (``==``), except where a default-mode matmul
-is a BLAS call on both sides (then within the "blas" bound, stated there).
+node, and must equal the native CPU program bit for bit (``==`` and the signs of zeros), except where a
+tier allows otherwise (BLAS calls, clipping's norm, softmax_xent's total: the bound is stated there).
 """
 import numpy as np
 import pytest

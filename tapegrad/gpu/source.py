@@ -10,8 +10,9 @@ per output element in one thread:
 - ordered mode (``tapegrad.ordered``): matmul is a serial dot over k, sums serial in index order —
   the same order as the ordered tape, so results are equal bit for bit;
 - default mode: matmul is a cuBLAS call site (a ``gemm`` launch the runner executes with the device's
-  BLAS: tier "blas"); a sum over leading axes is NumPy's row-by-row order, any other sum serial
-  (tier "order").
+  BLAS: tier "blas"); a sum (and a gradient summed back over broadcast axes, in either mode) is in
+  NumPy's order — each contiguous trailing block of summed axes pairwise, the blocks row by row — so
+  it equals NumPy's and the native program's bit for bit.
 
 Kernel bodies are phases separated by barriers. On the device ``TG_PHASE(n)`` is true and
 ``TG_BARRIER()`` is ``__syncthreads()``; the host emulation (``tapegrad.gpu.host``) runs phase ``n`` of

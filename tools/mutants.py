@@ -66,7 +66,7 @@ MODULES = {
     "program": ("interop/program.py", ["tests/test_interop_program.py", "tests/test_interop_edges.py"]),
     "gpu": ("tapegrad/gpu/source.py", ["tests/test_gpu.py", "tests/test_gpu_ops.py", "tests/test_gpu_ops_more.py"]),
     "ordered": ("tapegrad/ordered.py", ["tests/test_ordered.py", "tests/test_tape_edges.py"]),
-    "gpu_runner": ("tapegrad/gpu/runner.py", ["tests/test_gpu.py", "tests/test_capture_device.py", "tests/test_gpu_host.py"]),
+    "gpu_runner": ("tapegrad/gpu/runner.py", ["tests/test_gpu_cupy_runner.py", "tests/test_gpu.py", "tests/test_capture_device.py"]),
     "gpu_host": ("tapegrad/gpu/host.py", ["tests/test_gpu.py", "tests/test_gpu_host.py"]),
     "gpu_rowspace": ("tapegrad/gpu/rowspace.py", ["tests/test_gpu.py"]),
     "gpu_conv": ("tapegrad/gpu/source_conv.py", ["tests/test_gpu_ops_more.py"]),

@@ -110,7 +110,8 @@ PRELOAD = ["numpy", "scipy", "scipy.linalg", "jax", "jax.numpy", "chex", "optax"
 # pytest's 2 (interrupted: a collection error) counts as killed: a mutant that breaks a test module's setup
 # (e.g. the FFI handler's source, built when the interop tests are imported) fails those tests.
 STATUS = {1: "killed", 2: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
-          24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault"}
+          24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault",
+          -6: "segfault"}   # -6: SIGABRT, the C library stopping a child whose mutant corrupted the heap
 KILLED = {"killed", "timeout", "segfault"}
 
 

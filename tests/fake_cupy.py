@@ -5,8 +5,10 @@ compiles the CUDA source it is given as host C++ under the grid emulation's prel
 (``tapegrad.gpu.host``), and a kernel call runs every phase of every block and thread there, reading the
 pointer table and control buffer it is passed, as the device would; a stream records the launches made
 between ``begin_capture`` and ``end_capture`` into a graph that ``launch`` replays. Every call the runner
-makes is logged (``log``), so tests can check what ran where: ``("kernel", name)``, ``("matmul",)``,
-``("set", nbytes)``, ``("graph_launch",)``, ``("capture", n_launches)``, ``("sync",)``.
+makes is logged (``log``) with the stream it ran on (the one named, else the current one, else None for
+the legacy default stream), so tests can check what ran where: ``("kernel", name, stream)``,
+``("matmul", stream)``, ``("set", nbytes, stream)``, ``("get", stream)``, ``("graph_launch", stream)``,
+``("capture", n_launches)``, ``("sync", stream)``.
 """
 import ctypes
 import re
@@ -26,6 +28,7 @@ class ndarray(np.ndarray):
     """A "device" array: NumPy memory with CuPy's ``data.ptr``, ``set`` and ``get``."""
 
     log = None
+    state = None
 
     @property
     def data(self):
@@ -34,10 +37,11 @@ class ndarray(np.ndarray):
     def set(self, arr, stream=None):
         arr = np.asarray(arr)
         assert arr.size == self.size and arr.dtype == self.dtype, (arr.shape, arr.dtype, self.shape, self.dtype)
-        self.log.append(("set", arr.nbytes))
+        self.log.append(("set", arr.nbytes, stream if stream is not None else self.state["stream"]))
         np.copyto(np.asarray(self).reshape(-1), arr.reshape(-1))
 
     def get(self, stream=None):
+        self.log.append(("get", stream if stream is not None else self.state["stream"]))
         return np.array(self)
 
     def __getitem__(self, i):
@@ -55,10 +59,10 @@ class Graph:
         self.uploaded = False
 
     def upload(self, stream):
-        self.uploaded = True
+        self.uploaded = stream
 
     def launch(self, stream):
-        self.log.append(("graph_launch",))
+        self.log.append(("graph_launch", stream))
         for run in self.work:
             run()
 
@@ -68,6 +72,7 @@ def make(devices=1):
     log = []
     ndarray.log = log
     state = {"stream": None}
+    ndarray.state = state
 
     class Stream:
         def __init__(self, non_blocking=False):
@@ -82,7 +87,7 @@ def make(devices=1):
             return False
 
         def synchronize(self):
-            log.append(("sync",))
+            log.append(("sync", self))
 
         def begin_capture(self):
             self.capturing = []
@@ -107,8 +112,10 @@ def make(devices=1):
         def __call__(self, grid, block, args):
             vt, ctl = args
 
+            on = state["stream"]
+
             def run():
-                log.append(("kernel", self.name))
+                log.append(("kernel", self.name, on))
                 self.lib.tg_launch(self.kid, grid[0], grid[1], block[0], self.phases, vt.data.ptr, ctl.data.ptr)
             submit(run)
 
@@ -135,8 +142,10 @@ def make(devices=1):
             return types.SimpleNamespace(ptr=0x5e77ab)   # settab: only its address is used
 
     def matmul(a, b, out):
+        on = state["stream"]
+
         def run():
-            log.append(("matmul",))
+            log.append(("matmul", on))
             np.matmul(np.asarray(a), np.asarray(b), out=np.asarray(out))
         submit(run)
 

@@ -40,18 +40,27 @@ def test_ordered_episodes_are_one_graph_launch_each_and_equal_native(cupy, opt_k
     assert got[0] == ref[0] and same(got[1], ref[1])
     assert all(type(v) is float for v in got[0])
     per = prog.plan()["launches_per_episode"]
-    log = cupy.log
-    assert log.count(("graph_launch",)) == len(data) and log.count(("capture", per)) == 1
-    assert sum(e[0] == "kernel" for e in log) == per * len(data) and ("matmul",) not in log
-    # before each replay: the step scalars (8 doubles) and the two changed inputs, then one synchronisation
-    starts = [j for j, e in enumerate(log) if e == ("graph_launch",)]
+    log, s = cupy.log, r.stream
+    assert log.count(("graph_launch", s)) == len(data) and log.count(("capture", per)) == 1
+    assert [e for e in log if e[0] == "kernel"] == [("kernel", L.name, s) for L in r.cp.forward + r.cp.backward +
+                                                    r.cp.step] * len(data)
+    assert not any(e[0] == "matmul" for e in log)
+    # every copy and launch on the runner's own stream; before each replay the step scalars (8 doubles) and
+    # the two changed inputs go up, after it the loss comes down and the stream is synchronised
+    assert all(e[-1] is s for e in log if e[0] in ("set", "get", "graph_launch", "sync")) and r.graph.uploaded is s
+    starts = [j for j, e in enumerate(log) if e[0] == "graph_launch"]
     nbytes = (data[0][0].nbytes, data[0][1].nbytes)
-    assert log[:4] == [("set", 64), ("set", nbytes[0]), ("set", nbytes[1]), ("capture", per)]
+    assert log[:4] == [("set", 64, s), ("set", nbytes[0], s), ("set", nbytes[1], s), ("capture", per)]
     for j in starts[1:]:
-        assert log[j - 4:j] == [("sync",), ("set", 64), ("set", nbytes[0]), ("set", nbytes[1])]
-    assert log[-1] == ("sync",) and r.graph.uploaded
+        assert log[j - 5:j] == [("sync", s), ("get", s), ("set", 64, s), ("set", nbytes[0], s), ("set", nbytes[1], s)]
+    assert log[-2:] == [("sync", s), ("get", s)]
     sc = list(prog.opt.conf.step_scalars(len(data)))   # the last step's scalars, zeros after them
     assert r.ctl.get().tolist() == sc + [0.0] * (gpu_runner.CTL - len(sc))
+    plan = prog.plan()
+    assert plan == {"backend": "cupy", "fused": True, "ordered": True, "kernels_forward": len(r.cp.forward),
+                    "kernels_backward": len(r.cp.backward), "kernels_step": len(r.cp.step),
+                    "launches_per_episode": per, "gemm_calls": 0}
+    assert plan["kernels_step"] > 0 and plan["kernels_backward"] > 0
 
 
 def test_default_mode_runs_the_launch_lists_with_cublas_call_sites(cupy):
@@ -63,7 +72,9 @@ def test_default_mode_runs_the_launch_lists_with_cublas_call_sites(cupy):
     assert all(np.allclose(a, b, rtol=1e-10, atol=1e-13) for a, b in zip(got[1], ref[1]))
     plan = prog.plan()
     assert prog.runner.graph is None and not any(e[0] == "capture" for e in cupy.log)
-    assert cupy.log.count(("matmul",)) == plan["gemm_calls"] * len(data) > 0
+    assert cupy.log.count(("matmul", prog.runner.stream)) == plan["gemm_calls"] * len(data) > 0
+    assert all(e[-1] is prog.runner.stream for e in cupy.log if e[0] in ("set", "get", "kernel", "sync"))
+    assert plan["backend"] == "cupy" and plan["fused"] and not plan["ordered"]
     with pytest.raises(tg.TapeError, match=r"^the GPU episode graph needs ordered mode \(capture\(\.\.\., "
                                            r"ordered=True\)\): CuPy cannot capture the default mode's cuBLAS calls "
                                            r"into a CUDA graph$"):
@@ -120,7 +131,7 @@ def test_handles_name_the_graph_the_table_and_the_control_buffer(cupy):
     again = r.handles()
     assert cupy.log.count(("capture", prog.plan()["launches_per_episode"])) == 1 and again["graph"] == h["graph"]
     loss = prog.episode({x: data[0][0], y: data[0][1]})   # the captured graph serves the episode
-    assert cupy.log.count(("graph_launch",)) == 1 and loss == float(np.asarray(prog.loss()))
+    assert cupy.log.count(("graph_launch", r.stream)) == 1 and loss == float(np.asarray(prog.loss()))
 
 
 @pytest.mark.parametrize("devices,why", [
@@ -138,3 +149,24 @@ def test_no_device_is_a_clear_build_error(monkeypatch, devices, why):
     assert e.value.__cause__ is None and (e.value.__suppress_context__ or e.value.__context__ is None)   # from None
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy.make(1))
     assert gpu_runner._cupy() is sys.modules["cupy"]
+
+
+def test_float32_and_scratch_buffers_and_a_runner_of_its_own_fuse(cupy):
+    """A float32 program with clipping (scratch buffers): the same bits as the host emulation of the same
+    kernels; zeros of float32 for a gradient never written; sync_params skips the scratch buffers."""
+    clip = lambda: tg.Adam(1e-2, clip=0.05)
+    emu = episode_program(clip, "mse", True, "numpy", fuse=False, dtype="float32")
+    from tapegrad.gpu.host import emulate
+    want = train(emulate(emu[0]), *emu[1:])
+    prog, params, x, y, data = episode_program(clip, "mse", True, "cupy", fuse=False, dtype="float32")
+    r = prog.runner
+    assert not r.fuse_kernels and not r.cp.fuse and prog.plan()["fused"] is False
+    assert any(k[0] == "S" for k in r.dev) and all(r.dev[k].dtype == np.float32 for k in r.dev if k[0] != "S")
+    got = train(prog, params, x, y, data)
+    assert got[0] == want[0] and same(got[1], want[1])
+    z = prog.grad(x)
+    assert z.dtype == np.float32 and z.shape == x.shape and not np.asarray(z).any()
+    tape = prog._tape()
+    prog.sync_params(tape)
+    assert same([tape.value(p) for p in params], got[1])
+    assert gpu_runner.CupyRunner(prog).fuse_kernels is False   # a new runner takes the program's fuse

@@ -10,6 +10,7 @@ import pytest
 
 import tapegrad as tg
 from tapegrad import ops as O
+from tapegrad.gpu import source_scan
 from tapegrad.gpu.host import emulate
 from tapegrad.gpu.source import CudaProgram, device_form
 
@@ -52,8 +53,9 @@ def programs():
                 prog, items = every_case("native" if key == "native" else "numpy", names=[name])
                 if key != "native":
                     emulate(prog, key)
-                prog.forward()
-                prog.backward()
+                for _ in range(2):   # the second pass overwrites the first: each first contribution assigns
+                    prog.forward()
+                    prog.backward()
                 out[key] = (prog, items)
         return cache[name]
     return get
@@ -165,3 +167,47 @@ def test_bmm_within_the_blas_bound_of_native():
         got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(v)) for v in vs])
         rng = np.random.default_rng(2)
     assert all(np.allclose(e, n, rtol=1e-12, atol=1e-14) for n, e in zip(*got))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_cummax_ties_across_lines_and_a_long_unchanged_maximum_equal_native(axis):
+    """All-equal lines (every element ties, and so does the next line's start) and a 1100-long line whose
+    running maximum never changes (tie counts up to 1100): the emulated kernels give the native bits."""
+    tied = np.full((3, 4), 2.0)
+    long = np.concatenate([np.full((1, 1), 9.0), np.linspace(-1.0, 1.0, 1099)[None, :]], axis=1)
+    cases = [(tied, axis), (long if axis else long.T, axis)]
+    got = []
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        xs = [tape.param(a) for a, _ in cases]
+        ys = [tape.apply(O.OPS["cummax"], x, None, (ax, False)) for x, (_, ax) in zip(xs, cases)]
+        loss = None
+        for k, y in enumerate(ys):
+            term = (y * tape.const(np.linspace(0.5, 1.5, y.size).reshape(y.shape) + k)).sum()
+            loss = term if loss is None else loss + term
+        prog = tg.capture(tape, loss, backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        prog.forward()
+        prog.backward()
+        got.append([np.array(prog.grad(x)) for x in xs])
+    (gn, ge) = got
+    assert all(np.array_equal(u, v) for u, v in zip(gn, ge)) and np.isfinite(ge[1]).all()
+
+
+def test_a_float32_program_refuses_sort_lines_past_2_to_the_24():
+    """Its argsort indices are floats: a line of 2**24 elements is the longest a float32 program sorts."""
+    from types import SimpleNamespace
+    for m, ok in ((2 ** 24, True), (2 ** 24 + 1, False), (3000, True)):
+        g = SimpleNamespace(f32=True, p=SimpleNamespace(shapes={4: (2, m)}), sizes=[],
+                            n=lambda k, m=m: 2 * m)
+        g.scratch = lambda j, n, g=g: g.sizes.append(n)
+        if ok:
+            assert source_scan._sort_line(g, 7, 4, 1) == (2, m, 1) and g.sizes == [2 * m, 2 * m]
+            continue
+        with pytest.raises(tg.TapeError) as e:
+            source_scan._sort_line(g, 7, 4, 1)
+        assert str(e.value) == (f"sort (node 7): a float32 program sorts lines of at most 2**24 elements (its "
+                                f"argsort indices are floats); got {m}; capture in float64") and g.sizes == []
+        g.f32 = False
+        assert source_scan._sort_line(g, 7, 4, 1) == (2, m, 1)

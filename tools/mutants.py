@@ -69,7 +69,7 @@ MODULES = {
     "gpu_runner": ("tapegrad/gpu/runner.py", ["tests/test_gpu_cupy_runner.py", "tests/test_gpu.py", "tests/test_capture_device.py",
                                              "tests/test_gpu_host.py"]),
     "gpu_host": ("tapegrad/gpu/host.py", ["tests/test_gpu.py", "tests/test_gpu_host.py"]),
-    "gpu_rowspace": ("tapegrad/gpu/rowspace.py", ["tests/test_gpu.py"]),
+    "gpu_rowspace": ("tapegrad/gpu/rowspace.py", ["tests/test_gpu_rowspace.py", "tests/test_gpu.py"]),
     "gpu_conv": ("tapegrad/gpu/source_conv.py", ["tests/test_gpu_ops_more.py"]),
     "gpu_index": ("tapegrad/gpu/source_index.py", ["tests/test_gpu_ops.py"]),
     "gpu_linalg": ("tapegrad/gpu/source_linalg.py", ["tests/test_gpu_ops_more.py"]),

@@ -211,3 +211,36 @@ def test_a_float32_program_refuses_sort_lines_past_2_to_the_24():
                                 f"argsort indices are floats); got {m}; capture in float64") and g.sizes == []
         g.f32 = False
         assert source_scan._sort_line(g, 7, 4, 1) == (2, m, 1)
+
+
+def test_scatters_with_a_constant_target_a_shared_source_and_zero_dimensional_slices_equal_native():
+    """index_add, index_set and dynamic_update_slice into a constant (only the source's gradient), the
+    source read again before (so the scatter's gradient is not its first contribution), and 0-d dynamic
+    slices (no axes, no starts): the emulated kernels give the native bits."""
+    rng = np.random.default_rng(8)
+    idx = np.array([3, 0, -1, 3])
+    got = []
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        a = tape.const(rng.standard_normal((5, 3)))
+        b = tape.param(rng.standard_normal((4, 3)))
+        w = tape.param(rng.standard_normal((2, 3)))
+        z = tape.param(np.array(3.0))
+        c = tape.const(idx)
+        ys = [tape.apply(O.OPS["index_add"], a, b, 0, c), tape.apply(O.OPS["index_set"], a, b, 0, c),
+              tape.apply(O.OPS["dynamic_update_slice"], a, w, None, tape.const(np.array([2, 0]))),
+              tape.apply(O.OPS["dynamic_slice"], z, tape.const(np.zeros(0, np.int64)), ()),
+              tape.apply(O.OPS["dynamic_update_slice"], z, z * 2.0, None, tape.const(np.zeros(0, np.int64)))]
+        extra = (b * b).sum() + (w * w).sum()
+        loss = extra
+        for k, y in enumerate(ys):
+            loss = loss + (y * tape.const(np.linspace(1.0, 2.0, y.size).reshape(y.shape) + k)).sum()
+        prog = tg.capture(tape, loss, backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        for _ in range(2):
+            prog.forward()
+            prog.backward()
+        got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(v)) for v in (b, w, z)])
+        rng = np.random.default_rng(8)
+    assert all(np.array_equal(u, v) for u, v in zip(*got))

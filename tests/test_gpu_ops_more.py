@@ -187,3 +187,25 @@ def test_conv_and_linalg_kernels_compile_with_nvcc(tmp_path, dtype):
     r = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "--fmad=false", "-Werror", "all-warnings", str(path),
                         "-o", str(path.with_suffix(".cubin"))], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_conv_with_one_side_constant_within_the_blas_bound_of_native():
+    """Only the kernel's gradient (a constant input) or only the input's (a constant kernel): each side's
+    kernel is generated alone, within the "blas" bound of the native program."""
+    rng = np.random.default_rng(4)
+    x, w = rng.standard_normal((2, 3, 6, 5)), rng.standard_normal((4, 3, 3, 2))
+    s = ("NCHW", (1, 1), ((1, 0), (0, 1)), (1, 1), (1, 1), 1)
+    for const in ("x", "w"):
+        got = {}
+        for backend in ("native", "numpy"):
+            tape = tg.Tape(ordered=True)
+            vx = tape.const(x) if const == "x" else tape.param(x)
+            vw = tape.const(w) if const == "w" else tape.param(w)
+            y = tape.apply(O.OPS["conv"], vx, vw, s)
+            prog = tg.capture(tape, (y * y).sum(), backend=backend)
+            if backend == "numpy":
+                emulate(prog)
+            prog.forward()
+            prog.backward()
+            got[backend] = np.array(prog.grad(vw if const == "x" else vx))
+        assert within_blas(got["numpy"], got["native"]) and np.abs(got["native"]).max() > 1.0, const

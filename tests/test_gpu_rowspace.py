@@ -71,11 +71,11 @@ def test_full_sums_and_means_spread_in_row_space_in_either_mode():
 
 
 def test_both_inputs_in_row_space_a_bias_on_the_left_and_a_second_use():
-    """h·h (two row-space jobs of one entry), b + x@W (the bias as input a: a param-space column sum of
-    side a), h read by two consumers (the matmul's da is not h's first contribution)."""
+    """h·h (two row-space jobs of one entry), b·(x@W) (a scale as input a: a param-space column sum of
+    side a's rule), h read by two consumers (the matmul's da is not h's first contribution)."""
     def build(t):
         w1, w2, b = t.param(C32), t.param(W22), t.param(np.array([[0.5, -0.25]]))
-        h = b + t.const(X3) @ w1
+        h = b * (t.const(X3) @ w1)
         u = h @ w2
         return [w1, w2, b], (u * u).sum() + (h * h).mean()
     fused, per_node = check(build)
@@ -104,3 +104,33 @@ def test_param_space_jobs_wider_than_one_block(fuse):
     assert got[0] == ref[0] and all((a == b).all() for a, b in zip(got[1], ref[1]))
     grids = {L.name[len(prog.runner.cp.prefix):]: L.grid for L in prog.runner.cp.backward}
     assert not fuse or any(k.startswith("bp") and g == (4, 1) for k, g in grids.items()), grids
+
+
+def test_a_param_space_contribution_after_a_row_space_one_adds_to_it():
+    """W·c (recorded last: its row-space contribution to W comes first) then x @ W's aᵀ·g in the same run:
+    the param kernel adds to what the row kernel assigned; a two-row bias is a column sum in that run too."""
+    def build(t):
+        w, b = t.param(C32[:2]), t.param(np.array([0.25, -0.5]))
+        y1 = t.const(X3[:2, :2]) @ w + b
+        y2 = w * t.const(C32[:2] + 1.0)
+        return [w, b], (y1 * y1).sum() + (y2 * y2).sum()
+    fused, per_node = check(build)
+    # the run stops before x @ W (node 3): W already took a row-space contribution in it
+    assert fused == ["seed", "b11_11", "br10_4", "bp10_4", "db3"] and len(per_node) == 10
+
+    def twice(t):   # two aᵀ·g jobs into W in one run: the second adds
+        w = t.param(C32)
+        y = t.const(X3) @ w + t.const(X3[::-1]) @ w
+        return [w], (y * y).sum()
+    fused, per_node = check(twice)
+    assert fused == ["seed", "br7_2", "bp7_2"] and len(per_node) > 3
+
+
+def test_a_mask_at_node_zero_is_a_third_input():
+    """where(mask, a, b) with the mask recorded first (node 0): a three-input node, not row-local."""
+    def build(t):
+        mask = t.const(np.array([[True, False], [False, True], [True, True]]))
+        w = t.param(C32)
+        return [w], (t.apply(tg.ops.OPS["where"], w * 2.0, w * w, None, mask) ** 2).sum()
+    fused, per_node = check(build)
+    assert fused == ["seed", "br6_5", "b4_4", "br3_2"] and len(per_node) == 6

@@ -209,3 +209,30 @@ def test_conv_with_one_side_constant_within_the_blas_bound_of_native():
             prog.backward()
             got[backend] = np.array(prog.grad(vw if const == "x" else vx))
         assert within_blas(got["numpy"], got["native"]) and np.abs(got["native"]).max() > 1.0, const
+
+
+@pytest.mark.parametrize("name,s", [("triangular_solve", (True, True, False, False)),
+                                    ("triangular_solve", (False, False, True, False)), ("solve", None)])
+def test_solves_with_one_side_constant_and_a_shared_right_hand_side_within_the_blas_bound(name, s):
+    """Only b's gradient (a constant matrix), only the matrix's (a constant b), and b read again before the
+    solve (its gradient is then not b's first contribution): within the "blas" bound of native."""
+    op = O.OPS[name]
+    rng = np.random.default_rng(6)
+    a = op.domain[0](rng, (3, 3))
+    b = rng.standard_normal((3, 2) if s is None or s[0] else (2, 3))
+    for const in ("a", "b"):
+        got = {}
+        for backend in ("native", "numpy"):
+            tape = tg.Tape(ordered=True)
+            va = tape.const(a) if const == "a" else tape.param(a)
+            vb = tape.const(b) if const == "b" else tape.param(b)
+            y = tape.apply(op, va, vb, s)
+            loss = (y * y).sum() + ((vb * vb).sum() if const == "a" else 0.0)
+            prog = tg.capture(tape, loss, backend=backend)
+            if backend == "numpy":
+                emulate(prog)
+            for _ in range(2):
+                prog.forward()
+                prog.backward()
+            got[backend] = np.array(prog.grad(vb if const == "a" else va))
+        assert within_blas(got["numpy"], got["native"]) and np.abs(got["native"]).max() > 0.1, const

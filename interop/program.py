@@ -123,7 +123,7 @@ def load(program: Program) -> int:
     desc += abi["param_index"] + abi["input_index"] + abi["grad_index"]
     get, set_ = _blas_threads(program)
     big = any(program.nodes[k][0].kind == "matmul" and _mnk(program, k) > OPENBLAS_THREADED for k in program.compute)
-    desc += [get, set_, int(big), SPLIT_PRODUCTS]
+    desc += [get, set_, int(big), SPLIT_PRODUCTS, SPLIT_UPDATES]
     arr = np.array(desc, np.int64)
     if lib[0].tg_load(arr.ctypes.data) != 0:
         raise MemoryError("load: tg_load could not allocate its table entry")
@@ -159,6 +159,9 @@ def _reattached(program):
 # large). OpenBLAS starts its own threads from about 4·65536 multiply-adds (its GEMM_MULTITHREAD_THRESHOLD);
 # programs with a product above OPENBLAS_THREADED run with OpenBLAS single-threaded during the call.
 SPLIT_PRODUCTS = 1 << 20
+# An optimizer update of at least SPLIT_UPDATES parameters is split into ranges of elements over the same
+# pool (each element's arithmetic is unchanged, so the result is bit-identical to one thread's).
+SPLIT_UPDATES = 1 << 14
 OPENBLAS_THREADED = 1 << 16
 
 

@@ -39,6 +39,7 @@ typedef struct tg_team {
   void (*run)(struct tg_team *self, int parts, void (*fn)(void *, int), void *arg);
   long min_mnk;
   int parts;
+  long min_upd;
 } tg_team;
 
 /* One device's instance: `base` is the table the program runs on between calls (its own buffers),
@@ -72,6 +73,7 @@ typedef struct tg_prog {
   void (*blas_set)(int);
   int64_t big;              /* products large enough for OpenBLAS to start its own threads */
   int64_t min_mnk;          /* products split over XLA's thread pool from this size (0: never) */
+  int64_t min_upd;          /* optimizer updates split over it from this many parameters (0: never) */
   tg_inst *inst[TG_MAX_DEVICES];   /* instances in the order devices first ran the program */
   int32_t device[TG_MAX_DEVICES];  /* their device ordinals (XLA's ids: 2048+ in another process) */
   pthread_mutex_t mu;       /* guards creating instances */
@@ -98,7 +100,7 @@ static tg_prog *tg_find(uint64_t hash) {
 
 /* Load (or replace) a program. `desc` = [hash, forward, backward, episode, table, sizes, table_len,
  * loss_index, esize, np, ni, ns, then np param indices, ni input indices, np grad indices, then
- * blas_get, blas_set, big, min_mnk]. Entries are never freed while the process runs (an executable
+ * blas_get, blas_set, big, min_mnk, min_upd]. Entries are never freed while the process runs (an executable
  * may still name the hash); unloading only unlinks. */
 int tg_load(const int64_t *desc) {
   tg_prog *p = calloc(1, sizeof *p);
@@ -123,6 +125,7 @@ int tg_load(const int64_t *desc) {
   p->blas_set = (void (*)(int))(intptr_t)desc[13 + n];
   p->big = desc[14 + n];
   p->min_mnk = desc[15 + n];
+  p->min_upd = desc[16 + n];
   pthread_mutex_init(&p->mu, NULL);
   pthread_mutex_lock(&tg_table_mu);
   tg_prog **at = &tg_table[p->hash % TG_BUCKETS];
@@ -350,7 +353,8 @@ static void tg_begin_run(tg_prog *p, tg_inst *in, XLA_FFI_CallFrame *cf) {
   in->cf = cf;
   in->pool.run = tg_pool_run;
   in->pool.min_mnk = p->min_mnk;
-  in->pool.parts = p->min_mnk > 0 ? tg_pool_parts(cf) : 1;
+  in->pool.min_upd = p->min_upd;
+  in->pool.parts = p->min_mnk > 0 || p->min_upd > 0 ? tg_pool_parts(cf) : 1;
   in->run[6] = (uint64_t)(intptr_t)&in->pool;
   tg_blas_enter(p);
 }

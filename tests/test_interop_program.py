@@ -513,6 +513,49 @@ def test_products_split_over_xlas_thread_pool_give_the_same_bits(monkeypatch):
 
 
 @pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
+@pytest.mark.parametrize("make", [lambda: tg.Adam(1e-2), lambda: tg.Adam(1e-2, eps_mode="hat", clip=0.5),
+                                  lambda: tg.SGD(0.1, clip=0.5, clip_mode="seed")], ids=["adam", "adam-hat", "sgd"])
+def test_optimizer_updates_split_over_xlas_thread_pool_give_the_same_bits(monkeypatch, make):
+    """Updates of at least SPLIT_UPDATES parameters are split into element ranges over XLA's pool: the
+    ranges end inside a parameter (49 elements in two parts: b1's are split 3 + 4) and skip a parameter
+    the loss does not reach, and the episode's
+    loss and state keep the bits of the unsplit copying path and of the program run directly."""
+    monkeypatch.setattr(P, "SPLIT_PRODUCTS", 0)
+    monkeypatch.setattr(P, "SPLIT_UPDATES", 8)
+    rng = np.random.default_rng(4)
+    tape = tg.Tape()
+    W1, idle = tape.param(rng.standard_normal((3, 7)) * 0.3), tape.param(rng.standard_normal(5))
+    b1, W2 = tape.param(rng.standard_normal(7) * 0.1), tape.param(rng.standard_normal((7, 3)) * 0.3)
+    x, y = tape.const(rng.standard_normal((6, 3))), tape.const(rng.standard_normal((6, 3)))
+    loss = (((x @ W1 + b1).tanh() @ W2 - y) ** 2).mean()
+
+    def program():
+        prog, opt = tg.capture(tape, loss, backend="native"), make()
+        for w, l2 in ((W1, 0.0), (idle, 0.0), (b1, 1e-3), (W2, 0.0)):
+            opt.add(tape, w, l2=l2)
+        prog.attach(opt)
+        return prog
+
+    alone = program()   # run directly on its own table: no pool, one thread
+    direct = [alone.episode() for _ in range(3)]
+    flat = np.concatenate([alone.value(w).ravel() for w in (W1, idle, b1, W2)])
+    prog = program()
+    data = tuple(jnp.asarray(tape.value(v)) for v in (x, y))
+    runs = []
+    for native in (True, False):
+        step = jax.jit(interop.program_episode(prog, flat=True, native=native))
+        s = interop.episode_state(prog, flat=True)
+        losses = []
+        for _ in range(3):
+            value, s = step(s, data)
+            losses.append(value)
+        runs.append((losses, s))
+    bits(*runs)
+    assert P.stats(prog)["splits"] == 3 or os.cpu_count() == 1   # one split update per step, no products
+    assert [float(v) for v in runs[0][0]] == direct and (np.asarray(runs[0][1])[:flat.size] == flat).all()
+
+
+@pytest.mark.skipif(not NATIVE, reason="no C compiler: the FFI handler cannot be built")
 def test_attaching_again_repoints_the_ffi_entry_or_retires_the_old_configuration():
     """The same configuration attached again keeps the program's hash: the jitted step keeps running (on
     the new state). Another configuration changes the hash: the old entry is dropped, so an executable

@@ -3,15 +3,19 @@
 mutmut mutates Python only; the C runtime (``tapegrad/native/runtime.c``), the FFI handlers
 (``interop/tg_xla.c``, ``interop/tg_gpu.c``) and the shared step scalars get this list of realistic single bugs instead: an off-by-one at a summation
 threshold, a dropped NaN check, a swapped operand, a missed bias correction. Each is applied to a
-scratch copy of the tree (``build/mutants/c/``), the listed tests run against it (stopping at the
+scratch copy of the tree (``build/mutants/c/``, ``c1/``…: one per job), the listed tests run against it (stopping at the
 first failure), and the mutant counts as killed when they fail. A mutant that no longer compiles is
 reported as invalid (fix the mutation), never as killed.
 
     python tools/c_mutants.py            # all of them
     python tools/c_mutants.py 3 7        # some, by index
+    python tools/c_mutants.py --jobs 1   # one at a time (default: two)
 """
+import argparse
+import concurrent.futures
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
@@ -85,14 +89,20 @@ MUTATIONS = [
     (RT, "            total += (double)dot(&n, TG_B(p[2]), &one, TG_B(p[2]), &one);",
      "            total += (double)dot(&n, TG_B(p[1]), &one, TG_B(p[1]), &one);", NATIVE,
      "clip norm measured on the raw gradient, without the L2 term"),
-    (RT, "                w[i] = w[i] - t;\n            }\n            continue;",
-     "                w[i] = w[i] + t;\n            }\n            continue;", NATIVE, "SGD steps uphill"),
-    (RT, "        if (!p[6])\n            continue;\n        real *restrict w = TG_B(p[0]);",
-     "        real *restrict w = TG_B(p[0]);", NATIVE, "untouched parameters are updated (PyTorch skips them)"),
-    (RT, "                t = t + re;\n                real u = m / bc1;", "                real u = m / bc1;", NATIVE,
+    (RT, "            w[i] = w[i] - t;\n        }\n        return;",
+     "            w[i] = w[i] + t;\n        }\n        return;", NATIVE, "SGD steps uphill"),
+    (RT, "        if (!p[6])\n            continue;\n        long n = (long)p[5], i0",
+     "        long n = (long)p[5], i0", NATIVE, "untouched parameters are updated (PyTorch skips them)"),
+    (RT, "            t = t + re;\n            real u = m / bc1;", "            real u = m / bc1;", NATIVE,
      "Adam (optax): eps dropped"),
-    (RT, "                t = RSQRT(v);\n                t = t + re;", "                t = RSQRT(v + re);", NATIVE,
+    (RT, "            t = RSQRT(v);\n            t = t + re;", "            t = RSQRT(v + re);", NATIVE,
      "Adam (hat): eps inside the square root"),
+    (RT, "i1 = hi - off < n ? hi - off : n;", "i1 = n;", INTEROP,
+     "a split update's part runs on to its parameter's end (elements updated twice)"),
+    (RT, "    for (int k = 0; k < u->np_ && off < hi; k++) {", "    for (int k = 0; k < u->np_; k++) {", INTEROP,
+     "equivalent: a parameter past the part's end gets an empty range (i1 <= i0)"),
+    (RT, "if (pool && pool->parts > 1 && pool->min_mnk > 0 && ", "if (pool && pool->parts > 1 && ", INTEROP,
+     "every product split when only updates should be (min_mnk 0)"),
     (XLA, "      ptr[k] = tg_data(cf, 0, k) + b * tg_slot_elems(p, k) * es;", "      ptr[k] = tg_data(cf, 0, k);",
      INTEROP, "vmap: every batch element reads the first one"),
     (XLA, "    memcpy(tg_data(cf, 1, 0) + b * es, (char *)(intptr_t)in->run[p->loss], es);",
@@ -186,18 +196,31 @@ def run_one(work, k):
 
 
 def main():
-    pick = [int(a) for a in sys.argv[1:]] or range(len(MUTATIONS))
-    work = os.path.join(OUT, "c")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("pick", nargs="*", type=int, help="mutation indices (default: all)")
+    ap.add_argument("--jobs", type=int, default=2, help="mutations run in parallel, each in its own copy (default 2)")
+    args = ap.parse_args()
+    pick = args.pick or range(len(MUTATIONS))
     os.makedirs(OUT, exist_ok=True)
-    copy_tree(work)
+    works = queue.Queue()
+    for j in range(max(1, args.jobs)):
+        work = os.path.join(OUT, "c" if j == 0 else f"c{j}")
+        copy_tree(work)
+        works.put(work)
     t0 = time.time()
-    results = []
-    for k in pick:
-        r = run_one(work, k)
-        results.append(r)
+
+    def one(k):
+        work = works.get()
+        try:
+            r = run_one(work, k)
+        finally:
+            works.put(work)
         print(f"[{k:2d}] {r['status']:9s} {r['file']}: {r['what']}  {r['detail']}", flush=True)
+        return r
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        results = list(pool.map(one, pick))
     path = os.path.join(OUT, "c.json")
-    if sys.argv[1:] and os.path.exists(path):   # a partial rerun: keep the other mutations' last results
+    if args.pick and os.path.exists(path):   # a partial rerun: keep the other mutations' last results
         with open(path) as f:
             earlier = {r["index"]: r for r in json.load(f)["results"]}
         earlier.update({r["index"]: r for r in results})

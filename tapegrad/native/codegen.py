@@ -4,9 +4,8 @@ Fixed ABI (every program): ``void tg_forward(void *ctx)``, ``tg_backward``, ``tg
 (forward + backward + step). ``ctx`` is a table of pointers: ``[0]`` the BLAS gemm, ``[1]`` the BLAS
 dot, ``[2]`` the step scalars (double), ``[3]`` the optimizer configuration (double), ``[4]`` the
 optimizer's parameter table (long long), ``[5]`` the LAPACK function table (linalg ops), ``[6]``
-an optional thread pool for large products (``tg_team`` in runtime.c; 0 runs them in one BLAS call),
-``[7]`` reserved, ``[8 + i]`` buffer ``i`` (values,
-gradients, scratch, optimizer state). Elementwise nodes print the registry's C expressions through
+an optional thread pool for large products and optimizer updates (``tg_team`` in runtime.c; 0: one
+thread), ``[7]`` reserved, ``[8 + i]`` buffer ``i`` (values, gradients, scratch, optimizer state). Elementwise nodes print the registry's C expressions through
 one dialect (``expr.py``); the rest call the runtime kernels in ``runtime.c``. A fused segment is one
 loop whose body is the unfused loop bodies in node order, so it rounds identically.
 

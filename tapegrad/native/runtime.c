@@ -324,11 +324,14 @@ TG_FN void tg_mm_small(int ta, int tb, long m, long n, long k, const real *A, co
 
 /* A caller that runs a program on a thread pool (the XLA handler) puts a tg_team at T[6]: products of
  * at least min_mnk multiply-adds are then split by rows into `parts` independent BLAS calls that
- * `run` executes on the pool (each C element is computed by one call, in BLAS's own order). */
+ * `run` executes on the pool (each C element is computed by one call, in BLAS's own order), and an
+ * optimizer update of at least min_upd parameters is split into `parts` ranges of elements (each
+ * element's update is the same arithmetic whichever part runs it). 0: never. */
 typedef struct tg_team {
     void (*run)(struct tg_team *self, int parts, void (*fn)(void *, int), void *arg);
     long min_mnk;
     int parts;
+    long min_upd;
 } tg_team;
 
 static _Thread_local void **tg_cur;   /* the table of the running entry point (set on entry) */
@@ -374,7 +377,7 @@ TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real
         return;
     }
     tg_team *pool = tg_cur ? (tg_team *)tg_cur[6] : NULL;
-    if (pool && pool->parts > 1 && (long)m * n * k >= pool->min_mnk && m >= 2 * pool->parts) {
+    if (pool && pool->parts > 1 && pool->min_mnk > 0 && (long)m * n * k >= pool->min_mnk && m >= 2 * pool->parts) {
         tg_mm_job job = {gemm, ta, tb, m, n, k, pool->parts, A, B, C};
         pool->run(pool, pool->parts, tg_mm_part, &job);
         return;
@@ -458,6 +461,93 @@ TG_FN void tg_softmax_da(int log_, const real *g, const real *out, real *c, real
  * sc: [count, s0, s1, s2, norm, clipped]: count advances here, s* are step_scalars(count). */
 #define TG_B(i) ((real *)T[TG_FIRST + (i)])
 
+/* The update of parameter k's elements [i0, i1): SGD, or Adam in optax's or the seed's order. */
+typedef struct {
+    void **T;
+    const double *cfg;
+    const long long *pi;
+    int np_, kind, hat;
+    double lr, b1, b2, eps, maxn;
+    long total;   /* elements of the touched parameters */
+    int parts;    /* part i updates elements [total·i/parts, total·(i+1)/parts) of their concatenation */
+} tg_upd;
+
+TG_FN void tg_upd_range(const tg_upd *up, int k, long i0, long i1)
+{
+    void **T = up->T;
+    const long long *p = up->pi + 8 * k;
+    const double *sc = (const double *)T[2];
+    real *restrict w = TG_B(p[0]);
+    const real *restrict gt = (up->cfg[16 + k] == 0.0 && up->maxn <= 0.0) ? TG_B(p[1]) : TG_B(p[2]);
+    if (up->kind == 1) {
+        real l = (real)up->lr;
+        for (long i = i0; i < i1; i++) {
+            real t = l * gt[i];
+            w[i] = w[i] - t;
+        }
+        return;
+    }
+    real *restrict mu = TG_B(p[3]), *restrict nu = TG_B(p[4]);
+    double b1 = up->b1, b2 = up->b2;
+    real rb1 = (real)b1, rb2 = (real)b2, c1 = (real)(1.0 - b1), c2 = (real)(1.0 - b2), re = (real)up->eps;
+    if (!up->hat) {
+        real nlr = (real)sc[1], bc1 = (real)sc[2], bc2 = (real)sc[3];
+        for (long i = i0; i < i1; i++) {
+            real gi = gt[i];
+            real t = c1 * gi;
+            real m = rb1 * mu[i];
+            m = t + m;
+            mu[i] = m;
+            t = gi * gi;
+            t = c2 * t;
+            real v = rb2 * nu[i];
+            v = t + v;
+            nu[i] = v;
+            t = v / bc2;
+            t = RSQRT(t);
+            t = t + re;
+            real u = m / bc1;
+            u = u / t;
+            u = nlr * u;
+            w[i] = w[i] + u;
+        }
+    } else {
+        real lrt = (real)sc[1];
+        for (long i = i0; i < i1; i++) {
+            real gi = gt[i];
+            real m = rb1 * mu[i];
+            real t = c1 * gi;
+            m = m + t;
+            mu[i] = m;
+            real v = rb2 * nu[i];
+            t = gi * gi;
+            t = c2 * t;
+            v = v + t;
+            nu[i] = v;
+            t = RSQRT(v);
+            t = t + re;
+            t = m / t;
+            t = lrt * t;
+            w[i] = w[i] - t;
+        }
+    }
+}
+
+TG_FN void tg_upd_part(void *arg, int part)
+{
+    const tg_upd *u = (const tg_upd *)arg;
+    long lo = u->total * part / u->parts, hi = u->total * (part + 1) / u->parts, off = 0;
+    for (int k = 0; k < u->np_ && off < hi; k++) {
+        const long long *p = u->pi + 8 * k;
+        if (!p[6])
+            continue;
+        long n = (long)p[5], i0 = lo > off ? lo - off : 0, i1 = hi - off < n ? hi - off : n;
+        if (i1 > i0)
+            tg_upd_range(u, k, i0, i1);
+        off += n;
+    }
+}
+
 TG_FN void tg_opt_step(void **T)
 {
     double *sc = (double *)T[2];
@@ -529,63 +619,15 @@ TG_FN void tg_opt_step(void **T)
             }
         }
     }
-    for (int k = 0; k < np_; k++) {
-        const long long *p = pi + 8 * k;
-        if (!p[6])
-            continue;
-        real *restrict w = TG_B(p[0]);
-        const real *restrict gt = (cfg[16 + k] == 0.0 && maxn <= 0.0) ? TG_B(p[1]) : TG_B(p[2]);
-        long n = (long)p[5];
-        if (kind == 1) {
-            real l = (real)lr;
-            for (long i = 0; i < n; i++) {
-                real t = l * gt[i];
-                w[i] = w[i] - t;
-            }
-            continue;
-        }
-        real *restrict mu = TG_B(p[3]), *restrict nu = TG_B(p[4]);
-        real rb1 = (real)b1, rb2 = (real)b2, c1 = (real)(1.0 - b1), c2 = (real)(1.0 - b2), re = (real)eps;
-        if (!hat) {
-            real nlr = (real)sc[1], bc1 = (real)sc[2], bc2 = (real)sc[3];
-            for (long i = 0; i < n; i++) {
-                real gi = gt[i];
-                real t = c1 * gi;
-                real m = rb1 * mu[i];
-                m = t + m;
-                mu[i] = m;
-                t = gi * gi;
-                t = c2 * t;
-                real v = rb2 * nu[i];
-                v = t + v;
-                nu[i] = v;
-                t = v / bc2;
-                t = RSQRT(t);
-                t = t + re;
-                real u = m / bc1;
-                u = u / t;
-                u = nlr * u;
-                w[i] = w[i] + u;
-            }
-        } else {
-            real lrt = (real)sc[1];
-            for (long i = 0; i < n; i++) {
-                real gi = gt[i];
-                real m = rb1 * mu[i];
-                real t = c1 * gi;
-                m = m + t;
-                mu[i] = m;
-                real v = rb2 * nu[i];
-                t = gi * gi;
-                t = c2 * t;
-                v = v + t;
-                nu[i] = v;
-                t = RSQRT(v);
-                t = t + re;
-                t = m / t;
-                t = lrt * t;
-                w[i] = w[i] - t;
-            }
-        }
+    tg_upd u = {T, cfg, pi, np_, kind, hat, lr, b1, b2, eps, maxn, 0, 1};
+    for (int k = 0; k < np_; k++)
+        if (pi[8 * k + 6])
+            u.total += (long)pi[8 * k + 5];
+    tg_team *pool = (tg_team *)T[6];
+    if (pool && pool->parts > 1 && pool->min_upd > 0 && u.total >= pool->min_upd) {
+        u.parts = pool->parts;
+        pool->run(pool, u.parts, tg_upd_part, &u);
+    } else {
+        tg_upd_part(&u, 0);
     }
 }

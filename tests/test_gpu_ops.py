@@ -244,3 +244,28 @@ def test_scatters_with_a_constant_target_a_shared_source_and_zero_dimensional_sl
         got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(v)) for v in (b, w, z)])
         rng = np.random.default_rng(8)
     assert all(np.array_equal(u, v) for u, v in zip(*got))
+
+
+def test_logsumexp_over_leading_middle_and_long_trailing_axes_equals_native():
+    """NumPy's summation order in each of tg_reduce's shapes: reduced axes before a kept one (serial in
+    row-major order), a trailing block of 9 (the pairwise unrolled loop) and of 300 (split in halves)."""
+    rng = np.random.default_rng(12)
+    cases = [((9, 3), ((0,), False)), ((3, 4, 5), ((0, 2), True)), ((2, 9), ((1,), False)),
+             ((2, 300), ((1,), True)), ((3, 2, 50), (None, False))]
+    got = []
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        xs = [tape.param(rng.standard_normal(sh) * 3.0) for sh, _ in cases]
+        ys = [tape.apply(O.OPS["logsumexp"], x, None, s) for x, (_, s) in zip(xs, cases)]
+        loss = None
+        for k, y in enumerate(ys):
+            term = (y * tape.const(np.linspace(0.5, 1.5, y.size).reshape(y.shape) + k)).sum()
+            loss = term if loss is None else loss + term
+        prog = tg.capture(tape, loss, backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        prog.forward()
+        prog.backward()
+        got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(x)) for x in xs])
+        rng = np.random.default_rng(12)
+    assert all(np.array_equal(u, v) for u, v in zip(*got))

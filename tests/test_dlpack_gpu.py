@@ -111,6 +111,54 @@ def test_jax_to_cupy_of_a_host_array_copies_on_the_consumers_stream(fake_cupy):
         assert (interop.jax_to_cupy(x, copy=True).a == np.arange(4.0)).all()   # asked for: no warning
 
 
+def test_jax_to_cupy_refuses_a_copy_argument_it_does_not_know(fake_cupy):
+    with pytest.raises(ValueError) as e:
+        interop.jax_to_cupy(jax.numpy.arange(4.0), copy="yes")
+    assert str(e.value) == "jax_to_cupy: copy must be None, True or False, got 'yes'"
+
+
+def test_jax_to_cupy_of_a_host_array_says_so_whole_and_warns_at_the_callers_line(fake_cupy):
+    x = jax.numpy.arange(4.0)
+    with pytest.raises(ValueError) as e:
+        interop.jax_to_cupy(x, copy=False)
+    assert str(e.value) == "jax_to_cupy: the array is not on a GPU; CuPy cannot view host memory without a copy"
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        interop.jax_to_cupy(x)
+    assert [(str(m.message), m.category, m.filename) for m in w] == [
+        ("jax_to_cupy: copying a host array to the GPU", interop.CopyWarning, __file__)]
+
+
+class FakeGpuJaxArray:
+    """What jax_to_cupy reads of a JAX array on a GPU: its devices and its DLPack export (noting the stream
+    current at the export)."""
+
+    def __init__(self, log, a):
+        self.log, self.a = log, a
+
+    def devices(self):
+        return [types.SimpleNamespace(platform="gpu")]   # (JAX returns a set of its Device objects)
+
+    def __dlpack__(self, **kw):
+        self.log["events"].append(("jax export", self.log["current"][-1] if self.log["current"] else None))
+        return self.a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+
+@pytest.mark.parametrize("copy", [None, False, True])
+def test_jax_to_cupy_of_a_gpu_array_imports_on_the_consumers_stream(fake_cupy, copy):
+    """A JAX GPU array is imported through DLPack inside the consumer's stream, memory shared; copy=True
+    then copies on that stream. No warning either way."""
+    a = _aligned(np.arange(6.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        y = interop.jax_to_cupy(FakeGpuJaxArray(fake_cupy, a), copy=copy, stream=FakeStream(fake_cupy, "consumer"))
+    assert fake_cupy["events"] == [("jax export", "consumer")] + [("copy", "consumer")] * (copy is True)
+    assert (y.a == a).all() and np.shares_memory(y.a, a) == (copy is not True)
+
+
 @pytest.mark.parametrize("env,ok", [({}, False), ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}, True),
                                     ({"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}, False),
                                     ({"XLA_CLIENT_MEM_FRACTION": ".5"}, True),

@@ -10,6 +10,7 @@ import pytest
 
 import tapegrad as tg
 from tapegrad import ops as O
+from tapegrad.gpu import source_scan
 from tapegrad.gpu.host import emulate
 from tapegrad.gpu.source import CudaProgram, device_form
 
@@ -40,16 +41,24 @@ def every_case(backend, dtype="float64", names=FAMILY):
 
 @pytest.fixture(scope="module")
 def programs():
-    """The native program and the emulated device program (fused, per-node), each with its own items."""
-    out = {}
-    for key in ("native", True, False):
-        prog, items = every_case("native" if key == "native" else "numpy")
-        if key != "native":
-            emulate(prog, key)
-        prog.forward()
-        prog.backward()
-        out[key] = (prog, items)
-    return out
+    """An op's name -> the native program and the emulated device program (fused, per-node) of its cases,
+    built on first use: one op per program, so each op's kernels are generated inside the tests that
+    check them (mutation testing tries a mutant only against the tests that reach its code)."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            out = cache[name] = {}
+            for key in ("native", True, False):
+                prog, items = every_case("native" if key == "native" else "numpy", names=[name])
+                if key != "native":
+                    emulate(prog, key)
+                for _ in range(2):   # the second pass overwrites the first: each first contribution assigns
+                    prog.forward()
+                    prog.backward()
+                out[key] = (prog, items)
+        return cache[name]
+    return get
 
 
 def test_every_family_op_has_a_device_form():
@@ -59,7 +68,8 @@ def test_every_family_op_has_a_device_form():
 @pytest.mark.parametrize("name", FAMILY)
 @pytest.mark.parametrize("fuse", [True, False])
 def test_emulated_device_kernels_equal_native(programs, name, fuse):
-    (native, want), (dev, got) = programs["native"], programs[fuse]
+    built = programs(name)
+    (native, want), (dev, got) = built["native"], built[fuse]
     checked = 0
     for (op_name, case, xs, y), (_, _, xd, yd) in zip(want, got):
         if op_name != name:
@@ -157,3 +167,105 @@ def test_bmm_within_the_blas_bound_of_native():
         got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(v)) for v in vs])
         rng = np.random.default_rng(2)
     assert all(np.allclose(e, n, rtol=1e-12, atol=1e-14) for n, e in zip(*got))
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_cummax_ties_across_lines_and_a_long_unchanged_maximum_equal_native(axis):
+    """All-equal lines (every element ties, and so does the next line's start) and a 1100-long line whose
+    running maximum never changes (tie counts up to 1100): the emulated kernels give the native bits."""
+    tied = np.full((3, 4), 2.0)
+    long = np.concatenate([np.full((1, 1), 9.0), np.linspace(-1.0, 1.0, 1099)[None, :]], axis=1)
+    cases = [(tied, axis), (long if axis else long.T, axis)]
+    got = []
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        xs = [tape.param(a) for a, _ in cases]
+        ys = [tape.apply(O.OPS["cummax"], x, None, (ax, False)) for x, (_, ax) in zip(xs, cases)]
+        loss = None
+        for k, y in enumerate(ys):
+            term = (y * tape.const(np.linspace(0.5, 1.5, y.size).reshape(y.shape) + k)).sum()
+            loss = term if loss is None else loss + term
+        prog = tg.capture(tape, loss, backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        prog.forward()
+        prog.backward()
+        got.append([np.array(prog.grad(x)) for x in xs])
+    (gn, ge) = got
+    assert all(np.array_equal(u, v) for u, v in zip(gn, ge)) and np.isfinite(ge[1]).all()
+
+
+def test_a_float32_program_refuses_sort_lines_past_2_to_the_24():
+    """Its argsort indices are floats: a line of 2**24 elements is the longest a float32 program sorts."""
+    from types import SimpleNamespace
+    for m, ok in ((2 ** 24, True), (2 ** 24 + 1, False), (3000, True)):
+        g = SimpleNamespace(f32=True, p=SimpleNamespace(shapes={4: (2, m)}), sizes=[],
+                            n=lambda k, m=m: 2 * m)
+        g.scratch = lambda j, n, g=g: g.sizes.append(n)
+        if ok:
+            assert source_scan._sort_line(g, 7, 4, 1) == (2, m, 1) and g.sizes == [2 * m, 2 * m]
+            continue
+        with pytest.raises(tg.TapeError) as e:
+            source_scan._sort_line(g, 7, 4, 1)
+        assert str(e.value) == (f"sort (node 7): a float32 program sorts lines of at most 2**24 elements (its "
+                                f"argsort indices are floats); got {m}; capture in float64") and g.sizes == []
+        g.f32 = False
+        assert source_scan._sort_line(g, 7, 4, 1) == (2, m, 1)
+
+
+def test_scatters_with_a_constant_target_a_shared_source_and_zero_dimensional_slices_equal_native():
+    """index_add, index_set and dynamic_update_slice into a constant (only the source's gradient), the
+    source read again before (so the scatter's gradient is not its first contribution), and 0-d dynamic
+    slices (no axes, no starts): the emulated kernels give the native bits."""
+    rng = np.random.default_rng(8)
+    idx = np.array([3, 0, -1, 3])
+    got = []
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        a = tape.const(rng.standard_normal((5, 3)))
+        b = tape.param(rng.standard_normal((4, 3)))
+        w = tape.param(rng.standard_normal((2, 3)))
+        z = tape.param(np.array(3.0))
+        c = tape.const(idx)
+        ys = [tape.apply(O.OPS["index_add"], a, b, 0, c), tape.apply(O.OPS["index_set"], a, b, 0, c),
+              tape.apply(O.OPS["dynamic_update_slice"], a, w, None, tape.const(np.array([2, 0]))),
+              tape.apply(O.OPS["dynamic_slice"], z, tape.const(np.zeros(0, np.int64)), ()),
+              tape.apply(O.OPS["dynamic_update_slice"], z, z * 2.0, None, tape.const(np.zeros(0, np.int64)))]
+        extra = (b * b).sum() + (w * w).sum()
+        loss = extra
+        for k, y in enumerate(ys):
+            loss = loss + (y * tape.const(np.linspace(1.0, 2.0, y.size).reshape(y.shape) + k)).sum()
+        prog = tg.capture(tape, loss, backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        for _ in range(2):
+            prog.forward()
+            prog.backward()
+        got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(v)) for v in (b, w, z)])
+        rng = np.random.default_rng(8)
+    assert all(np.array_equal(u, v) for u, v in zip(*got))
+
+
+def test_logsumexp_over_leading_middle_and_long_trailing_axes_equals_native():
+    """NumPy's summation order in each of tg_reduce's shapes: reduced axes before a kept one (serial in
+    row-major order), a trailing block of 9 (the pairwise unrolled loop) and of 300 (split in halves)."""
+    rng = np.random.default_rng(12)
+    cases = [((9, 3), ((0,), False)), ((3, 4, 5), ((0, 2), True)), ((2, 9), ((1,), False)),
+             ((2, 300), ((1,), True)), ((3, 2, 50), (None, False))]
+    got = []
+    for backend in ("native", "numpy"):
+        tape = tg.Tape(ordered=True)
+        xs = [tape.param(rng.standard_normal(sh) * 3.0) for sh, _ in cases]
+        ys = [tape.apply(O.OPS["logsumexp"], x, None, s) for x, (_, s) in zip(xs, cases)]
+        loss = None
+        for k, y in enumerate(ys):
+            term = (y * tape.const(np.linspace(0.5, 1.5, y.size).reshape(y.shape) + k)).sum()
+            loss = term if loss is None else loss + term
+        prog = tg.capture(tape, loss, backend=backend)
+        if backend == "numpy":
+            emulate(prog)
+        prog.forward()
+        prog.backward()
+        got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(x)) for x in xs])
+        rng = np.random.default_rng(12)
+    assert all(np.array_equal(u, v) for u, v in zip(*got))

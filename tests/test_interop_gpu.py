@@ -84,3 +84,105 @@ def test_gpu_call_errors_name_the_problem():
         program_episode_gpu(program(ordered=False), handles=HANDLES)
     with pytest.raises(ProgramError, match="backend='cupy' is needed .*'native'"):
         program_episode_gpu(program())
+
+
+def _call_of(step, prog):
+    args = tuple(episode_state(prog)) + (program_inputs(prog),)
+    text = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    return next(line for line in text.splitlines() if "stablehlo.custom_call" in line), text
+
+
+def test_the_refusals_are_whole_messages(monkeypatch):
+    t = tg.Tape(ordered=True)
+    w = t.param(np.ones(2))
+    bare = tg.capture(t, (w * w).sum())
+    with pytest.raises(ProgramError, match=r"^program_episode_gpu: attach an optimizer first \(program\.attach\("
+                                           r"optimizer\)\)$"):
+        program_episode_gpu(bare, handles=HANDLES)
+    with pytest.raises(ProgramError, match=r"^program_episode_gpu: capture in ordered mode \(capture\(\.\.\., "
+                                           r"ordered=True\)\): a CUDA graph cannot hold the default mode's cuBLAS "
+                                           r"calls$"):
+        program_episode_gpu(program(ordered=False), handles=HANDLES)
+    with pytest.raises(ProgramError, match=r"^program_episode_gpu: a program captured with backend='cupy' is needed "
+                                           r"\(this one is 'native'\); pass handles=\.\.\. only to inspect the "
+                                           r"lowering$"):
+        program_episode_gpu(program())
+    from interop import gpu_call
+    monkeypatch.setattr(gpu_call, "native_library", lambda: None)
+    monkeypatch.setitem(gpu_call._LIB, "why", "no C compiler")
+    with pytest.raises(ProgramError, match=r"^program_episode_gpu: the FFI handlers cannot be built here "
+                                           r"\(no C compiler\)$"):
+        target()
+
+
+def test_a_cupy_programs_handles_come_from_its_runner(monkeypatch):
+    """With a stand-in cupy (tests/fake_cupy.py) the program's runner is a real CupyRunner: no handles
+    given, the call names its graph (captured now), settab kernel, table, control buffer and entries."""
+    import sys
+    import fake_cupy
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy.make())
+    prog = program(backend="cupy")
+    call, _ = _call_of(program_episode_gpu(prog), prog)
+    r = prog.runner
+    cp = r.cp
+    want, loss_slot = slots(prog, cp)
+    assert f"graph = {0x6a11} : i64" in call and f"settab = {0x5e77ab} : i64" in call and r.graph is not None
+    assert f"table = {r.vt.data.ptr} : i64" in call and f"ctl = {r.ctl.data.ptr} : i64" in call
+    assert f"table_len = {len(cp.buffers)} : i64" in call and "device = 0 : i64" in call
+    home = [r.dev[cp.buffers[s]].data.ptr if s >= 0 else 0 for s in want]
+    assert f"home = dense<[{', '.join(map(str, home))}]> : tensor<{len(want)}xi64>" in call
+    assert f"loss_home = {r.dev[('v', prog.loss_id)].data.ptr} : i64" in call
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_an_emulated_programs_slots_are_its_runners_table(fuse):
+    """A program with a launch runner uses that runner's table layout (fused or per-node), not a new one."""
+    from tapegrad.gpu.host import emulate
+    prog = emulate(program(backend="numpy"), fuse)
+    want, loss_slot = prog.runner.cp.operand_slots()
+    got, got_loss = slots(prog)
+    assert got.tolist() == list(want) and got_loss == loss_slot and got.dtype == np.int64
+    call, _ = _call_of(program_episode_gpu(prog, handles=HANDLES), prog)
+    assert f"slots = dense<[{', '.join(map(str, want))}]>" in call and f"loss_slot = {loss_slot} : i64" in call
+    nat = program()
+    assert slots(nat)[0].tolist() == list(CudaProgram(nat, fuse=True).operand_slots()[0])
+
+
+@pytest.mark.parametrize("make,opt,hat,b1,b2", [(lambda: tg.SGD(0.05), 1, 0, 0.0, 0.0),
+                                                (lambda: tg.Adam(3e-3, b1=0.8, b2=0.99, eps_mode="hat"), 2, 1, 0.8, 0.99)])
+def test_the_optimizer_attributes(make, opt, hat, b1, b2):
+    t = tg.Tape(ordered=True)
+    w = t.param(np.linspace(-1, 1, 6).reshape(3, 2))
+    prog = tg.capture(t, (w * w).sum())
+    o = make()
+    o.add(t, w)
+    prog.attach(o)
+    step = program_episode_gpu(prog, handles=HANDLES)
+    call, _ = _call_of(step, prog)
+    assert f"opt = {opt} : i64" in call and f"hat = {hat} : i64" in call
+    f64 = dict((k, float(v)) for k, v in re.findall(r"\b(lr|b1|b2) = ([-+.e0-9]+) : f64", call))
+    assert f64 == {"lr": prog.opt.conf.lr, "b1": b1, "b2": b2}
+    n = 1 + (2 if opt == 2 else 0)   # the param, its moments, the count
+    assert call.count("#stablehlo.output_operand_alias<") == n + 1
+    assert step.program is prog
+
+
+def test_the_positional_form_lowers_to_the_same_call_and_checks_its_operands():
+    prog = program()
+    step = program_episode_gpu(prog, handles=HANDLES)
+    params, state = episode_state(prog)
+    inputs = program_inputs(prog)
+    flat_p = tuple(params[n] for n in prog.param_names)
+    flat_s = tuple(a for n in prog.param_names for a in (state.mu[n], state.nu[n]))
+    text = jax.jit(step.positional).trace(flat_p, flat_s, 0, inputs).lower(lowering_platforms=("cuda",)).as_text()
+    call = next(line for line in text.splitlines() if "stablehlo.custom_call" in line)
+    named = _call_of(step, prog)[0]
+    assert call[call.index(") {"):] == named[named.index(") {"):]   # the same attributes, aliases and types
+    bad = (flat_p[0], np.zeros(3))
+    with pytest.raises(ProgramError, match=r"^program_episode_gpu: params\[1\] \('" + re.escape(prog.param_names[1])
+                       + r"'\) must have shape \(2,\) \(the captured shape\), got \(3,\)$"):
+        step.positional(bad, flat_s, 0, inputs)
+    with pytest.raises(ProgramError, match=r"^program_episode_gpu: expected 1 inputs arrays"):
+        step.positional(flat_p, flat_s, 0, inputs + inputs)
+    with pytest.raises(ProgramError, match=r"^program_episode_gpu: expected 4 opt_state arrays"):
+        step.positional(flat_p, flat_s[:3], 0, inputs)

@@ -4,6 +4,7 @@ import pytest
 
 import tapegrad as tg
 from tapegrad import ordered
+from tapegrad import ops as O
 
 from capture_util import batches, make_opt, mlp, mlp_init, register
 
@@ -101,3 +102,46 @@ def test_readme_ordered_example_runs():
     readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
     code = re.search(r"## Ordered mode, and the GPU backend\n.*?```python\n(.*?)```", readme, re.S).group(1)
     exec(compile(code, "README.md", "exec"), {})
+
+
+def test_a_variant_is_its_base_entry_with_another_name_summation_and_tier():
+    """_variant copies every field of the default entry but those given, and makes the variant exact."""
+    def fwd(a, b, s, out, ws):
+        out[...] = 0.0
+    v = ordered._variant(O.sum, "sum_test_variant", fwd=fwd, doc="a test variant")
+    assert v.name == "sum_test_variant" and v.fwd is fwd and v.doc == "a test variant" and v.tier == "exact"
+    for f in ("arity", "shape", "da", "db", "ref", "kind", "aliases", "domain", "cases", "inputs", "check"):
+        assert getattr(v, f) is getattr(O.sum, f) or getattr(v, f) == getattr(O.sum, f), f
+    assert v.data == O.sum.data and "sum_test_variant" not in O.OPS   # not a registry entry of its own
+    blas = ordered._variant(O.matmul, "mm_test_variant")
+    assert O.matmul.tier == "blas" and blas.tier == "exact" and blas.fwd is O.matmul.fwd and blas.doc == O.matmul.doc
+    assert [ordered.order_of(o) for o in (O.matmul, O.sum, O.mean, O.exp, ordered.sum_)] == \
+        [ordered.matmul, ordered.sum_, ordered.mean, O.exp, ordered.sum_]
+    assert ordered.DEFAULT == {ordered.matmul: O.matmul, ordered.sum_: O.sum, ordered.mean: O.mean}
+
+
+@pytest.mark.parametrize("axes,keep", [((0, 2), False), ((1,), True), ((0, 1, 2), False), ((2,), False)])
+def test_ordered_sum_and_mean_over_several_axes_are_serial_in_row_major_order(axes, keep):
+    """Each output element: acc = 0; acc = acc + x over the reduced elements, the reduced index row-major."""
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((3, 4, 5)) * 10.0 ** rng.integers(-8, 8, (3, 4, 5))   # order matters in the last bits
+    kept = [d for d in range(3) if d not in axes]
+    want = np.zeros([a.shape[d] for d in kept])
+    for out_idx in np.ndindex(*want.shape):
+        acc = 0.0
+        for red in np.ndindex(*[a.shape[d] for d in axes]):
+            idx = [0, 0, 0]
+            for d, i in zip(kept, out_idx):
+                idx[d] = i
+            for d, i in zip(axes, red):
+                idx[d] = i
+            acc = acc + a[tuple(idx)]
+        want[out_idx] = acc
+    count = int(np.prod([a.shape[d] for d in axes]))
+    shape = tuple(1 if d in axes else a.shape[d] for d in range(3)) if keep else want.shape
+    t = tg.Tape(ordered=True)
+    x = t.param(a)
+    s, m = t.apply(ordered.sum_, x, None, (axes, keep)), t.apply(ordered.mean, x, None, (axes, keep))
+    assert t.value(s).shape == shape and np.array_equal(t.value(s).reshape(want.shape), want)
+    assert np.array_equal(t.value(m).reshape(want.shape), want / count)
+    assert not np.array_equal(want, a.sum(axis=axes)) or len(axes) == 1   # NumPy's pairwise order differs

@@ -66,10 +66,25 @@ MODULES = {
     "program": ("interop/program.py", ["tests/test_interop_program.py", "tests/test_interop_edges.py"]),
     "gpu": ("tapegrad/gpu/source.py", ["tests/test_gpu_source.py", "tests/test_gpu.py", "tests/test_gpu_ops.py",
                                        "tests/test_gpu_ops_more.py"]),
+    "ordered": ("tapegrad/ordered.py", ["tests/test_ordered.py", "tests/test_tape_edges.py"]),
+    "gpu_runner": ("tapegrad/gpu/runner.py", ["tests/test_gpu_cupy_runner.py", "tests/test_gpu.py", "tests/test_capture_device.py",
+                                             "tests/test_gpu_host.py"]),
+    "gpu_host": ("tapegrad/gpu/host.py", ["tests/test_gpu.py", "tests/test_gpu_host.py"]),
+    "gpu_rowspace": ("tapegrad/gpu/rowspace.py", ["tests/test_gpu_rowspace.py", "tests/test_gpu.py"]),
+    "gpu_conv": ("tapegrad/gpu/source_conv.py", ["tests/test_gpu_ops_more.py"]),
+    "gpu_index": ("tapegrad/gpu/source_index.py", ["tests/test_gpu_ops.py"]),
+    "gpu_linalg": ("tapegrad/gpu/source_linalg.py", ["tests/test_gpu_ops_more.py"]),
+    "gpu_more": ("tapegrad/gpu/source_more.py", ["tests/test_gpu_ops.py"]),
+    "gpu_scan": ("tapegrad/gpu/source_scan.py", ["tests/test_gpu_ops.py"]),
+    "gpu_special": ("tapegrad/gpu/source_special.py", ["tests/test_gpu_ops.py", "tests/test_gpu_ops_more.py"]),
+    "gpu_call": ("interop/gpu_call.py", ["tests/test_interop_gpu.py", "tests/test_gpu_handler.py"]),
+    "dlpack": ("interop/dlpack.py", ["tests/test_dlpack_gpu.py", "tests/test_interop.py", "tests/test_interop_edges.py",
+                                     "tests/test_bad_input_interop.py"]),
 }
 # The GPU backend's modules are named on the command line (make mutants MUTANTS="gpu ..."); the default
 # run is the core, which is meant to finish in under an hour on 2 cores.
-GPU = ["gpu"]
+GPU = ["gpu", "ordered", "gpu_runner", "gpu_host", "gpu_rowspace", "gpu_conv", "gpu_index", "gpu_linalg", "gpu_more",
+       "gpu_scan", "gpu_special", "gpu_call", "dlpack"]
 CORE = [m for m in MODULES if m not in GPU]
 # Tests that cannot pass under mutmut: the tape reports the first stack frame outside the tapegrad package as
 # the place that created a node, and a mutated module calls through mutmut's trampoline (outside it); the
@@ -94,7 +109,7 @@ DESELECT = {
     "gpu": ["tests/test_gpu_ops.py::test_family_kernels_compile_with_nvcc",
             "tests/test_gpu_ops_more.py::test_conv_and_linalg_kernels_compile_with_nvcc"],
 }
-FORKSERVER = {"oracle", "program", "codegen"}   # ops: its tests (test_ops, test_tape, test_native_reductions) never run JAX
+FORKSERVER = {"oracle", "program", "codegen", "gpu_call", "dlpack"}   # ops: its tests (test_ops, test_tape, test_native_reductions) never run JAX
 # imported by the fork server (none of them starts JAX's backend, which forked children would inherit dead)
 PRELOAD = ["numpy", "scipy", "scipy.linalg", "jax", "jax.numpy", "chex", "optax", "hypothesis", "pytest",
            "absl.testing.parameterized"]
@@ -102,7 +117,7 @@ PRELOAD = ["numpy", "scipy", "scipy.linalg", "jax", "jax.numpy", "chex", "optax"
 # (e.g. the FFI handler's source, built when the interop tests are imported) fails those tests.
 STATUS = {1: "killed", 2: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
           24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", -11: "segfault", -9: "segfault",
-          -6: "segfault"}   # -6: SIGABRT, the C library caught a heap the mutant had overwritten
+          -6: "segfault"}   # -6: SIGABRT, the C library stopping a child whose mutant corrupted the heap
 KILLED = {"killed", "timeout", "segfault"}
 
 
@@ -148,7 +163,7 @@ def run_module(name, jobs):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TAPEGRAD_CACHE"] = os.path.join(OUT, "cache")   # mutated C never lands in the user's build cache
     env["CC"] = os.path.join(ROOT, "tools", "cc_mutants")   # -O0: same bits, compiles 20x faster
-    env["CXX"] = os.path.join(ROOT, "tools", "cxx_mutants")   # the GPU host emulation at -O0: same bits
+    env["CXX"] = os.path.join(ROOT, "tools", "cxx_mutants")   # the GPU host emulation's C++, -O0 likewise
     t0 = time.time()
     with open(os.path.join(OUT, f"{name}.log"), "w") as log:
         rc = subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(jobs)], cwd=work, env=env,

@@ -129,10 +129,6 @@ def _dims(g, a):
     return math.prod(sh[:-2]), sh[-1]
 
 
-def _sub(g, x, y):
-    return g.d.render(("bin", "-", ("var", "a"), ("var", "b")), {"a": x, "b": y})
-
-
 def _per_matrix(g, tag, nb, lines):
     g.linalg = True
     return g.flat(tag, nb, ["const long q = i;"] + lines)

@@ -15,7 +15,7 @@ typedef struct {
 
 TG_FN tg_cgeo tg_cgeo_of(const long *cv)
 {
-    tg_cgeo q;
+    tg_cgeo q = {0};   /* entries past nsp stay 0 (GCC otherwise warns that they may be read uninitialised) */
     q.nsp = (int)cv[0];
     q.last = (int)cv[1];
     q.n = cv[2];

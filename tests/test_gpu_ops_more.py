@@ -186,6 +186,22 @@ def test_conv_and_linalg_kernels_compile_with_nvcc(tmp_path, dtype):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_each_linalg_op_alone_compiles_with_nvcc(tmp_path):
+    """A program with one linear-algebra op carries helpers it never calls (cholesky alone: no LU): they
+    must not trip nvcc's unused-function warning."""
+    procs = []
+    for name in LINALG_FAMILY:
+        prog, _ = every_case("numpy", names=[name])
+        path = tmp_path / f"{name}.cu"
+        path.write_text(CudaProgram(prog).src)
+        procs.append((name, subprocess.Popen([NVCC, "-arch=sm_90", "-cubin", "--fmad=false", "-Werror", "all-warnings",
+                                              str(path), "-o", str(path.with_suffix(".cubin"))],
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    failed = {name: p.communicate()[0][-1500:] for name, p in procs if p.wait() != 0}
+    assert not failed, failed
+
+
 def test_conv_with_one_side_constant_within_the_blas_bound_of_native():
     """Only the kernel's gradient (a constant input) or only the input's (a constant kernel): each side's
     kernel is generated alone, within the "blas" bound of the native program."""

@@ -15,7 +15,8 @@ second kernel, one thread per output element, reads the flags.
 import math
 
 HELPERS = r"""/* tapegrad.gpu.source_linalg: serial dense linear algebra, one thread per matrix */
-__device__ static void tg_trsv(const real *A, long n, int lower, int trans, int unit, real *x, long xs)
+__device__ static __attribute__((unused)) void tg_trsv(const real *A, long n, int lower, int trans, int unit,
+                                                      real *x, long xs)
 {   /* x <- op(T)⁻¹ x, T the lower (or upper) triangle of A, op(T) = T or Tᵀ, x strided by xs */
     if (lower != trans) {
         for (long i = 0; i < n; i++) {
@@ -34,7 +35,7 @@ __device__ static void tg_trsv(const real *A, long n, int lower, int trans, int 
     }
 }
 
-__device__ static long tg_chol(real *L, long n)
+__device__ static __attribute__((unused)) long tg_chol(real *L, long n)
 {   /* Cholesky–Crout in place on the lower triangle (zeros above stay); 0, or k + 1 when the leading
        minor of order k + 1 is not positive definite */
     for (long j = 0; j < n; j++) {
@@ -55,7 +56,7 @@ __device__ static long tg_chol(real *L, long n)
     return 0;
 }
 
-__device__ static long tg_lu(real *W, long n, real *piv)
+__device__ static __attribute__((unused)) long tg_lu(real *W, long n, real *piv)
 {   /* LU with partial pivoting in place (unit lower factor below the diagonal); piv[k] = the row swapped
        with row k; 0, or k + 1 for the first exactly zero pivot U[k][k] */
     long info = 0;
@@ -87,7 +88,7 @@ __device__ static long tg_lu(real *W, long n, real *piv)
     return info;
 }
 
-__device__ static void tg_lu_solve(const real *W, const real *piv, long n, real *X, long k)
+__device__ static __attribute__((unused)) void tg_lu_solve(const real *W, const real *piv, long n, real *X, long k)
 {   /* X (n×k) <- M⁻¹ X for the LU factors W, piv of M */
     for (long i = 0; i < n; i++) {
         const long p = (long)piv[i];

@@ -17,7 +17,7 @@ from tapegrad.gpu.host import emulate
 from tapegrad.gpu.source import CudaProgram, device_form
 
 from test_gpu import NVCC
-from test_gpu_ops import every_case
+from test_gpu_ops import every_case, programs  # noqa: F401  (the per-op fixture: one op per program)
 
 CONV_FAMILY = ["conv", "max_pool", "sum_pool"]
 LINALG_FAMILY = ["cholesky", "triangular_solve", "solve", "logdet", "logabsdet", "det_sign"]
@@ -28,27 +28,6 @@ def within_blas(got, want, k=16):
     """The native suite's "blas" tier bound per element: k·spacing + k·eps·max|want|."""
     tol = k * np.spacing(np.maximum(np.abs(got), np.abs(want))) + k * EPS * np.max(np.abs(want), initial=0.0)
     return bool(np.all(np.abs(got - want) <= tol))
-
-
-@pytest.fixture(scope="module")
-def programs():
-    """An op's name -> the native program and the emulated device program (fused, per-node) of every
-    case of that op, built on first use (one op per program: see tests/test_gpu_ops.py's fixture)."""
-    cache = {}
-
-    def get(name):
-        if name not in cache:
-            out = cache[name] = {}
-            for key in ("native", True, False):
-                prog, items = every_case("native" if key == "native" else "numpy", names=[name])
-                if key != "native":
-                    emulate(prog, key)
-                for _ in range(2):   # the second pass overwrites the first: each first contribution assigns
-                    prog.forward()
-                    prog.backward()
-                out[key] = (prog, items)
-        return cache[name]
-    return get
 
 
 def test_every_family_op_has_a_device_form():

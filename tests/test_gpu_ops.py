@@ -39,6 +39,17 @@ def every_case(backend, dtype="float64", names=FAMILY):
     return prog, items
 
 
+def ran(tape, loss, backend):
+    """``loss`` captured on ``backend`` ("numpy": the program emulated as the device), then one forward
+    and backward."""
+    prog = tg.capture(tape, loss, backend=backend)
+    if backend == "numpy":
+        emulate(prog)
+    prog.forward()
+    prog.backward()
+    return prog
+
+
 @pytest.fixture(scope="module")
 def programs():
     """An op's name -> the native program and the emulated device program (fused, per-node) of its cases,
@@ -131,11 +142,7 @@ def test_extremes_ties_nans_signed_zeros_and_zero_products_equal_native(name):
         for k, y in enumerate(ys):
             term = (y * tape.const(np.full(y.shape, 1.0 + k))).sum()
             loss = term if loss is None else loss + term
-        prog = tg.capture(tape, loss, backend=backend)
-        if backend == "numpy":
-            emulate(prog)
-        prog.forward()
-        prog.backward()
+        prog = ran(tape, loss, backend)
         got.append(([np.array(prog.value(y)) for y in ys], np.array(prog.grad(x))))
     (vn, gn), (ve, ge) = got
     assert all(np.array_equal(u, v, equal_nan=True) and (np.signbit(u) == np.signbit(v)).all() for u, v in zip(vn, ve))
@@ -159,11 +166,7 @@ def test_bmm_within_the_blas_bound_of_native():
         for y in ys:
             term = (y * tape.const(rng.standard_normal(y.shape))).sum()
             loss = term if loss is None else loss + term
-        prog = tg.capture(tape, loss, backend=backend)
-        if backend == "numpy":
-            emulate(prog)
-        prog.forward()
-        prog.backward()
+        prog = ran(tape, loss, backend)
         got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(v)) for v in vs])
         rng = np.random.default_rng(2)
     assert all(np.allclose(e, n, rtol=1e-12, atol=1e-14) for n, e in zip(*got))
@@ -185,11 +188,7 @@ def test_cummax_ties_across_lines_and_a_long_unchanged_maximum_equal_native(axis
         for k, y in enumerate(ys):
             term = (y * tape.const(np.linspace(0.5, 1.5, y.size).reshape(y.shape) + k)).sum()
             loss = term if loss is None else loss + term
-        prog = tg.capture(tape, loss, backend=backend)
-        if backend == "numpy":
-            emulate(prog)
-        prog.forward()
-        prog.backward()
+        prog = ran(tape, loss, backend)
         got.append([np.array(prog.grad(x)) for x in xs])
     (gn, ge) = got
     assert all(np.array_equal(u, v) for u, v in zip(gn, ge)) and np.isfinite(ge[1]).all()
@@ -261,11 +260,7 @@ def test_logsumexp_over_leading_middle_and_long_trailing_axes_equals_native():
         for k, y in enumerate(ys):
             term = (y * tape.const(np.linspace(0.5, 1.5, y.size).reshape(y.shape) + k)).sum()
             loss = term if loss is None else loss + term
-        prog = tg.capture(tape, loss, backend=backend)
-        if backend == "numpy":
-            emulate(prog)
-        prog.forward()
-        prog.backward()
+        prog = ran(tape, loss, backend)
         got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(x)) for x in xs])
         rng = np.random.default_rng(12)
     assert all(np.array_equal(u, v) for u, v in zip(*got))

@@ -17,7 +17,7 @@ from tapegrad.gpu.host import emulate
 from tapegrad.gpu.source import CudaProgram, device_form
 
 from test_gpu import NVCC
-from test_gpu_ops import every_case, programs  # noqa: F401  (the per-op fixture: one op per program)
+from test_gpu_ops import every_case, programs, ran  # noqa: F401  (the per-op fixture: one op per program)
 
 CONV_FAMILY = ["conv", "max_pool", "sum_pool"]
 LINALG_FAMILY = ["cholesky", "triangular_solve", "solve", "logdet", "logabsdet", "det_sign"]
@@ -89,11 +89,7 @@ def test_conv_is_not_bit_equal_by_accident():
         tape = tg.Tape(ordered=True)
         vx, vw = tape.param(x), tape.param(w)
         y = tape.apply(O.OPS["conv"], vx, vw, s)
-        prog = tg.capture(tape, (y * y).sum(), backend=backend)
-        if backend == "numpy":
-            emulate(prog)
-        prog.forward()
-        prog.backward()
+        prog = ran(tape, (y * y).sum(), backend)
         got[backend] = [np.array(prog.value(y)), np.array(prog.grad(vx)), np.array(prog.grad(vw))]
     assert all(within_blas(e, n) for e, n in zip(got["numpy"], got["native"]))
     assert any(not np.array_equal(e, n) for e, n in zip(got["numpy"], got["native"]))
@@ -118,11 +114,7 @@ def test_pool_ties_nans_signed_zeros_and_padding_equal_native(win, stride):
         for j, y in enumerate(ys):
             term = (y * tape.const(np.arange(y.size).reshape(y.shape) - 2.5 * j)).sum()
             loss = term if loss is None else loss + term
-        prog = tg.capture(tape, loss, backend=backend)
-        if backend == "numpy":
-            emulate(prog)
-        prog.forward()
-        prog.backward()
+        prog = ran(tape, loss, backend)
         got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(x))])
     for u, v in zip(*got):
         assert np.array_equal(u, v, equal_nan=True) and (np.signbit(u) == np.signbit(v)).all(), (u, v)
@@ -194,11 +186,7 @@ def test_conv_with_one_side_constant_within_the_blas_bound_of_native():
             vx = tape.const(x) if const == "x" else tape.param(x)
             vw = tape.const(w) if const == "w" else tape.param(w)
             y = tape.apply(O.OPS["conv"], vx, vw, s)
-            prog = tg.capture(tape, (y * y).sum(), backend=backend)
-            if backend == "numpy":
-                emulate(prog)
-            prog.forward()
-            prog.backward()
+            prog = ran(tape, (y * y).sum(), backend)
             got[backend] = np.array(prog.grad(vw if const == "x" else vx))
         assert within_blas(got["numpy"], got["native"]) and np.abs(got["native"]).max() > 1.0, const
 

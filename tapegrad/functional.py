@@ -178,6 +178,8 @@ sum, mean, max = (_reduce(getattr(O, n)) for n in ("sum", "mean", "max"))
 
 def matmul(a: Operand, b: Operand) -> Var:
     """(m, k) @ (k, n) through BLAS."""
+    if type(a) is Var and type(b) is Var:
+        return a.tape.apply(O.matmul, a, b)
     return _binary(O.matmul, None, a, b)
 
 
@@ -353,13 +355,17 @@ def softmax_cross_entropy(logits: Operand, targets: Union[Operand, ArrayLike], a
         if logits.id < 0:
             return logits
         try:
-            tape._index(logits, "softmax_xent", "a")
+            nd = len(tape._nodes[tape._index(logits, "softmax_xent", "a")].shape)
         except TapeError as e:
             return tape._fail(e)
-    nd = builtins.max(logits.ndim if isinstance(logits, Var) else np.ndim(logits), 1)
+    else:
+        nd = np.ndim(logits)
+    nd = builtins.max(nd, 1)
     if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or not -nd <= axis < nd:
         return tape._fail(ShapeError(f"{at('softmax_xent', len(tape))}: axis {axis!r} is out of range for "
                                      f"logits of rank {nd}"))
+    if type(logits) is Var and type(targets) is Var:   # nothing to lift
+        return tape.apply(O.softmax_xent, logits, targets, int(axis) % nd)
     with tape._lifted():
         logits, targets = _var(logits, tape, "softmax_xent", "a"), _var(targets, tape, "softmax_xent", "b")
         return tape.apply(O.softmax_xent, logits, targets, int(axis) % nd)

@@ -22,6 +22,11 @@ An entry holds
           for functions whose forms agree only absolutely near a zero, like lgamma at 1 and 2),
   aliases True when ``da``/``db`` may return ``g`` itself or a view of it (otherwise a contribution
           is a fresh scratch buffer that the tape may adopt as the input's gradient, saving a copy),
+  keep    optional ``(a_shape, b_shape, s) -> shapes``: buffers the forward fills for the backward to
+          read (residuals, as ``exp(a − max)`` of a softmax), so the backward need not recompute them;
+          such an op's ``fwd`` and rules take the tuple of those buffers last, where a third input
+          would go (an op has one or the other); the tape keeps them beside the value until
+          ``reset_to``, a replay beside its value buffer,
   domain  one sampler per input for tests (e.g. positive inputs for ``log``),
   cases   ``(a_shape, b_shape, s)`` examples the tests sweep, broadcasting included.
 
@@ -76,11 +81,14 @@ class Op:
     inputs: str = ""
     check: Optional[Callable] = None
     ulps: Optional[tuple] = None
+    keep: Optional[Callable] = None
 
     def __post_init__(self):
         kinds = self.inputs or "f" * self.arity
         assert len(kinds) == self.arity and set(kinds) <= set("fib"), (self.name, kinds)
         assert self.arity < 3 or kinds[2] != "f", f"{self.name}: a third input is data (see the module docstring)"
+        assert self.keep is None or (kinds == "f" * self.arity and self.arity < 3), \
+            f"{self.name}: kept buffers take the third input's place"
         object.__setattr__(self, "inputs", kinds)
         object.__setattr__(self, "data", kinds != "f" * self.arity)
 
@@ -255,12 +263,6 @@ def sigmoid_fwd(a, b, s, out, ws):
     np.divide(e, out, out=out)
 
 
-def relu_da(g, out, a, b, s, ws):
-    t = ws.take(g.shape)
-    np.greater(a, 0.0, out=t)
-    return np.multiply(g, t, out=t)
-
-
 def abs_da(g, out, a, b, s, ws):
     t = np.sign(a, out=ws.take(g.shape))
     return np.multiply(g, t, out=t)
@@ -318,14 +320,6 @@ def matmul_fwd(a, b, s, out, ws):
     np.matmul(a, b, out=out)
 
 
-def matmul_da(g, out, a, b, s, ws):
-    return np.matmul(g, b.T, out=ws.take(a.shape))
-
-
-def matmul_db(g, out, a, b, s, ws):
-    return np.matmul(a.T, g, out=ws.take(b.shape))
-
-
 def bmm_da(g, out, a, b, s, ws):
     return np.matmul(g, b.transpose(0, 2, 1), out=ws.take(a.shape))
 
@@ -363,13 +357,18 @@ def softmax_da(g, out, a, b, s, ws):
 def logsoftmax_fwd(a, b, s, out, ws):
     # (a − max) − log Σ exp(a − max)
     r = ws.take(a.shape[:s] + (1,) + a.shape[s + 1:])
-    e = ws.take(a.shape)
-    np.maximum.reduce(a, axis=s, keepdims=True, out=r)
-    np.subtract(a, r, out=out)
+    log_softmax(a, s, out, ws.take(a.shape), r, r)
+
+
+def log_softmax(a, s, out, e, r, lse):
+    """out = (a − max) − log Σ e along axis s, leaving e = exp(a − max) and r = Σ e (lse: row scratch,
+    may be r)."""
+    np.maximum.reduce(a, axis=s, keepdims=True, out=lse)
+    np.subtract(a, lse, out=out)
     np.exp(out, out=e)
     np.add.reduce(e, axis=s, keepdims=True, out=r)
-    np.log(r, out=r)
-    np.subtract(out, r, out=out)
+    np.log(r, out=lse)
+    np.subtract(out, lse, out=out)
 
 
 def logsoftmax_da(g, out, a, b, s, ws):
@@ -393,27 +392,34 @@ def xent_rows(a_shape, s):
     return math.prod(a_shape) // a_shape[s]
 
 
-def xent_fwd(a, b, s, out, ws):
+def xent_keep(a, b, s):
+    """exp(a − max) and its sums along the class axis: the softmax the gradient needs, for free."""
+    return a, a[:s] + (1,) + a[s + 1:]
+
+
+def xent_fwd(a, b, s, out, ws, kept):
     # −Σ b · log_softmax(a) / rows, one reduction over every element
+    e, r = kept
     t = ws.take(a.shape)
-    logsoftmax_fwd(a, None, s, t, ws)
+    log_softmax(a, s, t, e, r, ws.take(r.shape))
     np.multiply(b, t, out=t)
     np.add.reduce(t, axis=None, out=out)
     np.divide(out, -xent_rows(a.shape, s), out=out)
 
 
-def xent_da(g, out, a, b, s, ws):
-    # (softmax(a) · Σ b − b) · g / rows
+def xent_da(g, out, a, b, s, ws, kept):
+    # (softmax(a) · Σ b − b) · g / rows, softmax(a) = e / Σ e as softmax_fwd rounds it
+    e, r = kept
     t = ws.take(a.shape)
-    r = ws.take(a.shape[:s] + (1,) + a.shape[s + 1:])
-    softmax_fwd(a, None, s, t, ws)
-    np.add.reduce(b, axis=s, keepdims=True, out=r)
-    np.multiply(t, r, out=t)
+    q = ws.take(r.shape)
+    np.divide(e, r, out=t)
+    np.add.reduce(b, axis=s, keepdims=True, out=q)
+    np.multiply(t, q, out=t)
     np.subtract(t, b, out=t)
     return np.multiply(t, float(g) / xent_rows(a.shape, s), out=t)
 
 
-def xent_db(g, out, a, b, s, ws):
+def xent_db(g, out, a, b, s, ws, kept):
     # −log_softmax(a) · g / rows
     t = ws.take(a.shape)
     logsoftmax_fwd(a, None, s, t, ws)
@@ -439,13 +445,16 @@ def concat_db(g, out, a, b, s, ws):
     return g[(builtins.slice(None),) * s + (builtins.slice(a.shape[s], None),)]
 
 
-def into(f):
-    """A one-ufunc rule: ``f(g, out, a, b, s, t)`` writes into a fresh out-shaped scratch ``t``."""
+def into(f, like=0):
+    """A rule whose ``f(g, out, a, b, s, t)`` writes the contribution into a fresh scratch ``t`` shaped like
+    argument ``like`` (0: ``g``, the default; 2: ``a``; 3: ``b``)."""
     def rule(g, out, a, b, s, ws):
-        t = ws.take(g.shape)
+        t = ws.take((g, out, a, b)[like].shape)
         f(g, out, a, b, s, t)
         return t
-    rule.into = f   # a recorded sweep (tapegrad.schedule) calls f on the same scratch directly
+    # A recorded sweep (tapegrad.schedule) calls f directly: on the same scratch, or on the input's
+    # gradient buffer itself where the contribution would only be copied there.
+    rule.into = f
     return rule
 
 
@@ -580,7 +589,7 @@ pow = op("pow", 1, same,
          doc="a ** constant (positive a)")
 relu = op("relu", 1, same, doc="max(a, 0); gradient 0 at 0 (as JAX)",
           fwd=lambda a, b, s, out, ws: np.maximum(a, 0.0, out=out),
-          da=relu_da,
+          da=into(lambda g, out, a, b, s, t: (np.greater(a, 0.0, out=t), np.multiply(g, t, out=t))),
           ref=lambda jnp, a, b, s: jnp.where(a > 0, a, 0.0),
           c_fwd="a > 0.0 ? a : (a != a ? a : 0.0)", c_da="g * (a > 0.0 ? 1.0 : 0.0)", domain=(away0,), cases=UN)
 abs = op("abs", 1, same, doc="|a|; gradient sign(a), 0 at 0",
@@ -632,7 +641,9 @@ max = op("max", 1, reduced, fwd=max_fwd, da=max_da,
          kind="reduce", domain=(spread,), cases=RED,
          doc="max over axes; tied maxima share the gradient equally")
 
-matmul = op("matmul", 2, matmul_shape, fwd=matmul_fwd, da=matmul_da, db=matmul_db,
+matmul = op("matmul", 2, matmul_shape, fwd=matmul_fwd,
+            da=into(lambda g, out, a, b, s, t: np.matmul(g, b.T, out=t), like=2),
+            db=into(lambda g, out, a, b, s, t: np.matmul(a.T, g, out=t), like=3),
             ref=lambda jnp, a, b, s: jnp.einsum("ik,kj->ij", a, b),
             tier="blas", kind="matmul", domain=(real, real),
             cases=(((3, 4), (4, 5), None), ((1, 7), (7, 1), None), ((6, 2), (2, 3), None)),
@@ -672,7 +683,7 @@ logsoftmax = op("logsoftmax", 1, axis_shape, fwd=logsoftmax_fwd, da=logsoftmax_d
                 tier="libm", kind="softmax", domain=(real,),
                 cases=(((3, 4), None, 1), ((4, 3), None, 0), ((6,), None, 0)),
                 doc="a − max − log Σ exp(a − max) along one axis (for cross-entropy)")
-softmax_xent = op("softmax_xent", 2, xent_shape, fwd=xent_fwd, da=xent_da, db=xent_db,
+softmax_xent = op("softmax_xent", 2, xent_shape, fwd=xent_fwd, da=xent_da, db=xent_db, keep=xent_keep,
                   ref=lambda jnp, a, b, s: -jnp.sum(b * (a - jnp.log(jnp.sum(jnp.exp(a), axis=s, keepdims=True))))
                   / (a.size // a.shape[s]),
                   tier="libm", kind="softmax", domain=(real, positive),

@@ -91,6 +91,12 @@ class NumpyRunner:
         self.seed = np.ones(prog.shapes[prog.loss_id], prog.dtype)
         self.opt_bufs = None
         self.slab_bufs = None
+        self.kept = {}   # node -> the buffers its forward keeps for its backward (Op.keep)
+        for k in prog.compute:
+            op, a, b, s = prog.nodes[k]
+            if op.keep is not None:
+                shapes = op.keep(prog.shapes[a], None if b < 0 else prog.shapes[b], s)
+                self.kept[k] = tuple(aligned_empty(shape, prog.dtype) for shape in shapes)
 
     def forward(self):
         p, ws = self.p, self.ws
@@ -101,6 +107,8 @@ class NumpyRunner:
             try:
                 if op.arity == 3:
                     op.fwd(val[a], val[b], s, val[k], ws, val[p.third[k]])
+                elif op.keep is not None:
+                    op.fwd(val[a], None if b < 0 else val[b], s, val[k], ws, self.kept[k])
                 else:
                     op.fwd(val[a], None if b < 0 else val[b], s, val[k], ws)
             except Bad as e:   # a value the op cannot take (see Tape.apply)
@@ -116,7 +124,7 @@ class NumpyRunner:
             ws.begin(-1 - k)
             g, out, va = grad[k], val[k], val[a]
             vb = None if b < 0 else val[b]
-            extra = (val[p.third[k]],) if op.arity == 3 else ()
+            extra = (val[p.third[k]],) if op.arity == 3 else (self.kept[k],) if op.keep is not None else ()
             if to_a:
                 self._acc(a, op.da(g, out, va, vb, s, ws, *extra), first_a)
             if to_b:

@@ -16,8 +16,10 @@ import numpy as np
 _KEY = operator.itemgetter(0, 1, 2, 3, 8, 10)
 
 # What Tape._accumulate did with a contribution (bit 8: it first summed the contribution over the
-# broadcast axes into a scratch buffer).
-INTO, ADOPT, NEW, COPY, ADD = range(5)
+# broadcast axes into a scratch buffer). A replay does two things the sweep does not: DIRECT runs an
+# ``into`` rule straight on the input's gradient buffer where the sweep computed into scratch and copied
+# (COPY), and a copied view of the node's own gradient is adopted where nothing adds to it afterwards.
+INTO, ADOPT, NEW, COPY, ADD, DIRECT = range(6)
 SUMMED = 8
 
 
@@ -33,6 +35,27 @@ class Schedule:
         self.steps = []
         self.end = None
 
+    def add(self, tape, k, j, rule, f, c, pos, code, buf):
+        """Write down one step of the sweep (what ``Tape._record`` saw it do), with what it reads of
+        node k that is fixed while the schedule fits: its inputs and the extra argument its rules take
+        (-1: none, -2: the buffers its forward kept, else the data input's id). Not its static operand:
+        0.0 == -0.0 fits, yet scales by another sign."""
+        if code == COPY and f is not None:
+            code, c = DIRECT, None
+        op, a, b, *_, x = tape._nodes[k]
+        x = -2 if op.keep is not None else x
+        self.steps.append((k, j, a, b, x, rule, f, c if f is not None else None, pos, code, buf))
+
+    def close(self, end):
+        """The sweep is over. A contribution copied into a new buffer (NEW) came from an op whose rules
+        return g or a view of it; where nothing adds to that input later, the replay adopts the view
+        instead: the node's gradient is final once its rules ran, so both would hold the same values."""
+        self.end = end
+        last = {step[1]: n for n, step in enumerate(self.steps)}
+        for n, step in enumerate(self.steps):
+            if step[9] == NEW and last[step[1]] == n:
+                self.steps[n] = step[:9] + (ADOPT, None)
+
     def fits(self, tape, top, pos):
         """Whether replaying gives what the sweep would: the nodes up to ``top`` equal the recorded ones
         in everything the sweep reads (all but the epoch and the source line). ``req`` and ``lazy`` are
@@ -47,17 +70,21 @@ class Schedule:
         nodes, vals, grads, gpass, ws = tape._nodes, tape._val, tape._grad, tape._gpass, tape._grads
         kept = tape._arena_grads
         p = tape._pass
-        for k, j, rule, f, t, pos, code, buf in self.steps:
-            node = nodes[k]
-            b = node[2]
-            g, out, va, vb = grads[k], vals[k], vals[node[1]], None if b < 0 else vals[b]
+        for k, j, a, b, x, rule, f, t, pos, code, buf in self.steps:
+            g, out, va, vb, s = grads[k], vals[k], vals[a], None if b < 0 else vals[b], nodes[k][3]
             if f is not None:
-                f(g, out, va, vb, node[3], t)
+                if code == DIRECT:
+                    f(g, out, va, vb, s, grads[j])
+                    gpass[j] = p
+                    continue
+                f(g, out, va, vb, s, t)
                 c = t
             else:
                 ws.rewind(pos)
-                c = rule(g, out, va, vb, node[3], ws) if node[10] < 0 else \
-                    rule(g, out, va, vb, node[3], ws, vals[node[10]])
+                if x == -1:
+                    c = rule(g, out, va, vb, s, ws)
+                else:
+                    c = rule(g, out, va, vb, s, ws, tape._kept[k] if x == -2 else vals[x])
             if code & SUMMED:
                 np.add.reduce(c, axis=buf[1], out=buf[0])
                 c, buf, code = buf[2], None, code & 7

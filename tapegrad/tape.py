@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import os
 import sys
 from collections.abc import Sequence
@@ -33,7 +34,7 @@ class _Memo(dict):
 
 _UNBROADCAST = _Memo()  # (contribution shape, input shape) -> (axes to sum, reduced shape)
 _ONES = _Memo()    # (shape, dtype) -> the backward seed of a scalar loss
-_SHAPES = _Memo()  # (op, a_shape, b_shape, s) -> out shape: shape rules run once per distinct call
+_SHAPES = _Memo()  # (op, a_shape, b_shape, s) -> (out shape, size, kept shapes or None): rules run once per call
 _DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
 _INT = np.dtype(np.int64)   # integer data is held as int64, bool data as bool
 _DATA_NAMES = {"b": "bool data", "i": "integer data", "u": "integer data"}
@@ -58,6 +59,7 @@ class Node(NamedTuple):
 
 
 _node = functools.partial(tuple.__new__, Node)  # C-speed Node construction on the hot path
+_OP = operator.itemgetter(0)   # a node's op, read at C speed over a list of nodes
 _DATA = O.data
 
 
@@ -220,6 +222,7 @@ class Tape:
         self._sched: Optional[Schedule] = None   # the last episode's recorded sweep (tapegrad.schedule)
         self._last_top: Optional[int] = None      # the loss id of the last first-pass backward
         self._summed: Optional[np.ndarray] = None  # the broadcast sum _accumulate made last
+        self._kept = {}       # node id -> the buffers its forward kept for its backward (Op.keep)
 
     # ── leaves ───────────────────────────────────────────────────────────────
 
@@ -332,7 +335,7 @@ class Tape:
                 shape = op.shape(key[1], key[2], s)
             except O.Bad as e:
                 return self._fail(ShapeError(f"{at(op.name, len(nodes))}: {e}"))
-            memo = _SHAPES[key] = (shape, math.prod(shape))
+            memo = _SHAPES[key] = (shape, math.prod(shape), op.keep and op.keep(key[1], key[2], s))
         shape = memo[0]
         ia = a.id
         if nb is None:
@@ -346,8 +349,13 @@ class Tape:
         out = arena.take(shape, memo[1])
         vals = self._val
         tmp = self._tmp
+        kept = memo[2]   # the shapes of the buffers the forward keeps for the backward (Op.keep)
         try:
-            op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, tmp)
+            if kept is None:
+                op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, tmp)
+            else:
+                kept = tuple(map(arena.take, kept))
+                op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, tmp, kept)
         except O.Bad as e:   # a value the op cannot take (a matrix that is not positive definite)
             arena.rewind(pos)
             tmp.rewind()
@@ -364,6 +372,8 @@ class Tape:
         vals.append(out)
         self._grad.append(None)
         self._gpass.append(0)
+        if kept is not None:
+            self._kept[i] = kept
         return Var(self, i, epoch)
 
     def _apply_data(self, op, a, b, s, c):
@@ -548,21 +558,24 @@ class Tape:
         ``backward``, step the optimizer, ``tape.reset_to(m)``. Values and gradients of dropped nodes go
         back to the arena and are reused by the next episode; Vars of dropped nodes become invalid.
         """
-        if not isinstance(mark, (int, np.integer)) or not 0 <= mark <= len(self._nodes):
+        if type(mark) is not int and not isinstance(mark, np.integer) or not 0 <= mark <= len(self._nodes):
             raise TapeError(f"reset_to: mark must be an int in [0, {len(self._nodes)}], got {mark!r}")
         dropped = self._nodes[mark:]
-        pos = next((n.pos for n in dropped if n.op is not O.param and n.pos is not None), None)
-        if pos is not None:
-            self._vals.rewind(pos)
-        pos = next((n.pos for n in dropped if n.op is O.param), None)
-        if pos is not None:
-            self._params.rewind(pos)
+        for n in dropped:   # the first dropped node holding value-arena memory (usually the first)
+            if n.pos is not None and n.op is not O.param:
+                self._vals.rewind(n.pos)
+                break
+        if O.param in map(_OP, dropped):
+            self._params.rewind(next(n.pos for n in dropped if n.op is O.param))
         for lst in (self._nodes, self._val, self._grad, self._gpass):
             del lst[mark:]
+        if self._kept and max(self._kept) >= mark:
+            self._kept = {i: kept for i, kept in self._kept.items() if i < mark} if min(self._kept) < mark else {}
         # Surviving gradients carved from the episode arena move to their own buffers, once.
-        for i in self._arena_grads:
-            if i < mark:
-                self._grad[i] = aligned_empty(self._nodes[i].shape, self.dtype)
+        if self._arena_grads and min(self._arena_grads) < mark:
+            for i in self._arena_grads:
+                if i < mark:
+                    self._grad[i] = aligned_empty(self._nodes[i].shape, self.dtype)
         self._arena_grads = []
         self._grads.rewind()
         self._epoch += 1
@@ -679,11 +692,11 @@ class Tape:
                 if b >= 0:
                     self._record(rec, k, op, b, op.db, g, out, va, vb, s)
                 continue
-            if op.arity == 3:   # the third input is data: it only parametrises a's and b's rules
-                vc = vals[node[10]]
+            if op.arity == 3 or op.keep is not None:   # a third input (data) or kept buffers: passed last
+                vc = vals[node[10]] if op.arity == 3 else self._kept[k]
                 if nodes[a][4]:
                     acc(a, op.da(g, out, va, vb, s, ws, vc), not op.aliases)
-                if nodes[b][4]:
+                if b >= 0 and nodes[b][4]:
                     acc(b, op.db(g, out, va, vb, s, ws, vc), not op.aliases)
                 continue
             if nodes[a][4]:
@@ -691,7 +704,7 @@ class Tape:
             if b >= 0 and nodes[b][4]:
                 acc(b, op.db(g, out, va, vb, s, ws), not op.aliases)
         if rec is not None:
-            rec.end = ws.pos
+            rec.close(ws.pos)
 
     def _record(self, rec, k, op, j, rule, g, out, va, vb, s):
         """One contribution of the sweep, made as ``_sweep`` makes it and written down in ``rec``."""
@@ -702,7 +715,12 @@ class Tape:
         if self._gpass[j] != self._pass:
             rec.empty.append((j, self._grad[j] is None))
         pos, f = ws.pos, getattr(rule, "into", None)
-        c = rule(g, out, va, vb, s, ws) if op.arity < 3 else rule(g, out, va, vb, s, ws, self._val[self._nodes[k][10]])
+        if op.arity == 3:
+            c = rule(g, out, va, vb, s, ws, self._val[self._nodes[k][10]])
+        elif op.keep is not None:
+            c = rule(g, out, va, vb, s, ws, self._kept[k])
+        else:
+            c = rule(g, out, va, vb, s, ws)
         code = self._accumulate(j, c, not op.aliases)
         buf = None
         if code == INTO or code & SUMMED:
@@ -710,7 +728,7 @@ class Tape:
             buf = (axes, reduced) if code == INTO else (self._summed.reshape(reduced), axes, self._summed)
         elif code == NEW:
             buf = self._grad[j]
-        rec.steps.append((k, j, rule, f, c if f is not None else None, pos, code, buf))
+        rec.add(self, k, j, rule, f, c, pos, code, buf)
 
     def _accumulate(self, j, c, fresh=False):
         """Add contribution ``c`` into node j's gradient (summing over broadcast axes first).
@@ -810,17 +828,17 @@ def _ancestors(nodes, i):
     return sorted(seen)
 
 
-_OURS = {}   # code object -> whether it is tapegrad's own (a dict lookup beats a string test per frame)
+_OURS = {}   # id(code) -> (code, whether it is tapegrad's own); keyed by id, as a code object hashes its contents
 
 
 def _user_frame():
     f = sys._getframe(2)
     while f is not None:
         code = f.f_code
-        ours = _OURS.get(code)
-        if ours is None:
-            ours = _OURS[code] = code.co_filename.startswith(_PKG)
-        if not ours:
+        seen = _OURS.get(id(code))
+        if seen is None or seen[0] is not code:   # (holding the code keeps its id from being reused)
+            seen = _OURS[id(code)] = (code, code.co_filename.startswith(_PKG))
+        if not seen[1]:
             return (code, f.f_lasti)   # the line is looked up only when reported (_where)
         f = f.f_back
     return None

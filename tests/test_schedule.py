@@ -106,6 +106,41 @@ def test_a_training_loop_replays_and_stays_bit_identical_to_fresh_tapes(dtype, o
         assert np.array_equal(tape.value(p), twin.value(q))
 
 
+def test_a_replay_writes_weight_gradients_in_place_and_adopts_final_views(replays):
+    """Two things a replay does that the sweep does not, both in every MLP: a matmul's weight gradient is
+    written by its ``into`` rule straight into the parameter's buffer (the sweep writes scratch, then
+    copies), and the g a bias add passes through becomes the matmul output's gradient (the sweep copies
+    it) when nothing adds to that gradient later. ``h + h`` does add later: that copy stays. The bits
+    are those of full sweeps (the training loop test above)."""
+    rng = np.random.default_rng(2)
+    init = [rng.standard_normal(s) for s in ((5, 8), (8,), (8, 3), (1, 3))]
+    tape = tg.Tape()
+    ps = [tape.param(p) for p in init]
+    names = {p.id: f"p{i}" for i, p in enumerate(ps)}
+    start = tape.mark()
+    for _ in range(3):
+        x, y = rng.standard_normal((4, 5)), rng.standard_normal((4, 3))
+        assert tape.backward(mlp_episode(tape, ps, x, y))
+        codes = {}
+        for k, j, *_, code, buf in tape._sched.steps if tape._sched else ():
+            codes.setdefault((tape.nodes[k].op.name, names.get(j) or tape.nodes[j].op.name), set()).add(code)
+        tape.reset_to(start)
+    assert codes[("matmul", "p2")] == {schedule.DIRECT}
+    assert codes[("add", "matmul")] == {schedule.ADOPT}      # both layers
+    assert replays[0] == 1
+    h = tape.param(np.ones(3))
+    for _ in range(3):
+        y = h * 2.0
+        z = y + y
+        tape.backward((z * 3.0).sum())
+        steps = [(step[0], step[1], step[9]) for step in (tape._sched.steps if tape._sched else ())]
+        assert np.array_equal(tape.grad(y), np.full(3, 6.0)) and np.array_equal(tape.grad(z), np.full(3, 3.0))
+        tape.reset_to(start + 1)
+    # z's a side is copied, as its b side adds into y's gradient afterwards
+    assert [code for k, j, code in steps if (k, j) == (z.id, y.id)] == [schedule.NEW, schedule.ADD]
+    assert replays[0] == 2
+
+
 def test_a_changed_graph_is_swept_in_full(replays):
     """A different batch size, a different op, a different static operand's sign: no replay, and the
     gradients are those of the episode actually recorded."""

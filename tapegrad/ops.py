@@ -22,8 +22,8 @@ An entry holds
           for functions whose forms agree only absolutely near a zero, like lgamma at 1 and 2),
   aliases True when ``da``/``db`` may return ``g`` itself or a view of it (otherwise a contribution
           is a fresh scratch buffer that the tape may adopt as the input's gradient, saving a copy),
-  keep    optional ``(a_shape, b_shape, s) -> shapes``: buffers the forward fills for the backward to
-          read (residuals, as ``exp(a − max)`` of a softmax), so the backward need not recompute them;
+  keep    optional ``(a_shape, s) -> shapes``: buffers the forward fills for the backward to read
+          (residuals, as ``exp(a − max)`` of a softmax), so the backward need not recompute them;
           such an op's ``fwd`` and rules take the tuple of those buffers last, where a third input
           would go (an op has one or the other); the tape keeps them beside the value until
           ``reset_to``, a replay beside its value buffer,
@@ -87,8 +87,7 @@ class Op:
         kinds = self.inputs or "f" * self.arity
         assert len(kinds) == self.arity and set(kinds) <= set("fib"), (self.name, kinds)
         assert self.arity < 3 or kinds[2] != "f", f"{self.name}: a third input is data (see the module docstring)"
-        assert self.keep is None or (kinds == "f" * self.arity and self.arity < 3), \
-            f"{self.name}: kept buffers take the third input's place"
+        assert self.keep is None or kinds == "f" * self.arity, f"{self.name}: kept buffers take a data input's place"
         object.__setattr__(self, "inputs", kinds)
         object.__setattr__(self, "data", kinds != "f" * self.arity)
 
@@ -392,7 +391,7 @@ def xent_rows(a_shape, s):
     return math.prod(a_shape) // a_shape[s]
 
 
-def xent_keep(a, b, s):
+def xent_keep(a, s):
     """exp(a − max) and its sums along the class axis: the softmax the gradient needs, for free."""
     return a, a[:s] + (1,) + a[s + 1:]
 

@@ -95,8 +95,7 @@ class NumpyRunner:
         for k in prog.compute:
             op, a, b, s = prog.nodes[k]
             if op.keep is not None:
-                shapes = op.keep(prog.shapes[a], None if b < 0 else prog.shapes[b], s)
-                self.kept[k] = tuple(aligned_empty(shape, prog.dtype) for shape in shapes)
+                self.kept[k] = tuple(aligned_empty(shape, prog.dtype) for shape in op.keep(prog.shapes[a], s))
 
     def forward(self):
         p, ws = self.p, self.ws
@@ -104,13 +103,14 @@ class NumpyRunner:
         for k in p.compute:
             op, a, b, s = p.nodes[k]
             ws.begin(k)
+            vb = None if b < 0 else val[b]
             try:
                 if op.arity == 3:
-                    op.fwd(val[a], val[b], s, val[k], ws, val[p.third[k]])
+                    op.fwd(val[a], vb, s, val[k], ws, val[p.third[k]])
                 elif op.keep is not None:
-                    op.fwd(val[a], None if b < 0 else val[b], s, val[k], ws, self.kept[k])
+                    op.fwd(val[a], vb, s, val[k], ws, self.kept[k])
                 else:
-                    op.fwd(val[a], None if b < 0 else val[b], s, val[k], ws)
+                    op.fwd(val[a], vb, s, val[k], ws)
             except Bad as e:   # a value the op cannot take (see Tape.apply)
                 raise DomainError(f"{at(op.name, k)}: {e}") from None
         ws.pack()

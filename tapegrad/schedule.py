@@ -44,7 +44,7 @@ class Schedule:
             code, c = DIRECT, None
         op, a, b, *_, x = tape._nodes[k]
         x = -2 if op.keep is not None else x
-        self.steps.append((k, j, a, b, x, rule, f, c if f is not None else None, pos, code, buf))
+        self.steps.append((k, j, a, b, x, rule, f, c, pos, code, buf))
 
     def close(self, end):
         """The sweep is over. A contribution copied into a new buffer (NEW) came from an op whose rules

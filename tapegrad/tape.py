@@ -335,7 +335,7 @@ class Tape:
                 shape = op.shape(key[1], key[2], s)
             except O.Bad as e:
                 return self._fail(ShapeError(f"{at(op.name, len(nodes))}: {e}"))
-            memo = _SHAPES[key] = (shape, math.prod(shape), op.keep and op.keep(key[1], key[2], s))
+            memo = _SHAPES[key] = (shape, math.prod(shape), op.keep and op.keep(key[1], s))
         shape = memo[0]
         ia = a.id
         if nb is None:
@@ -350,12 +350,13 @@ class Tape:
         vals = self._val
         tmp = self._tmp
         kept = memo[2]   # the shapes of the buffers the forward keeps for the backward (Op.keep)
+        vb = None if ib < 0 else vals[ib]
         try:
             if kept is None:
-                op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, tmp)
+                op.fwd(vals[ia], vb, s, out, tmp)
             else:
                 kept = tuple(map(arena.take, kept))
-                op.fwd(vals[ia], None if ib < 0 else vals[ib], s, out, tmp, kept)
+                op.fwd(vals[ia], vb, s, out, tmp, kept)
         except O.Bad as e:   # a value the op cannot take (a matrix that is not positive definite)
             arena.rewind(pos)
             tmp.rewind()
@@ -570,7 +571,7 @@ class Tape:
         for lst in (self._nodes, self._val, self._grad, self._gpass):
             del lst[mark:]
         if self._kept and max(self._kept) >= mark:
-            self._kept = {i: kept for i, kept in self._kept.items() if i < mark} if min(self._kept) < mark else {}
+            self._kept = {i: kept for i, kept in self._kept.items() if i < mark}
         # Surviving gradients carved from the episode arena move to their own buffers, once.
         if self._arena_grads and min(self._arena_grads) < mark:
             for i in self._arena_grads:

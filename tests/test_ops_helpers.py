@@ -39,6 +39,16 @@ def test_an_entry_declares_its_input_kinds_and_data_inputs_come_last():
         O.Op("t_probe_3f", 3, O.same, inputs="fff")
 
 
+def test_kept_buffers_are_for_ops_of_float_inputs_only():
+    """Kept buffers (``Op.keep``) are passed where a data input would go: an op has one or the other."""
+    keep = lambda a, s: (a,)  # noqa: E731
+    assert O.Op("t_probe_keep1", 1, O.same, keep=keep).keep is keep
+    assert O.Op("t_probe_keep2", 2, O.same, keep=keep).inputs == "ff"
+    for arity, kinds in ((2, "fi"), (2, "fb"), (3, "ffi")):
+        with pytest.raises(AssertionError, match="t_probe_keep: kept buffers take a data input's place"):
+            O.Op("t_probe_keep", arity, O.same, inputs=kinds, keep=keep)
+
+
 def test_maximum_derivative_is_one_where_x_wins_half_on_ties_zero_where_y_wins():
     ws = Scratch(np.float64)
     ws.begin(0)

@@ -128,11 +128,14 @@ def test_a_replay_writes_weight_gradients_in_place_and_adopts_final_views(replay
     assert codes[("matmul", "p2")] == {schedule.DIRECT}
     assert codes[("add", "matmul")] == {schedule.ADOPT}      # both layers
     assert replays[0] == 1
-    h = tape.param(np.ones(3))
+    h = tape.param(np.array([0.5, -1.0, 2.0]))
     for _ in range(3):
         y = h * 2.0
         z = y + y
-        tape.backward((z * 3.0).sum())
+        e = h.exp()                             # DIRECT, and exp's rule reads its output
+        v = tape.const(np.ones(3)) + e * 1.0    # the view reaches the b side only
+        tape.backward((z * 3.0).sum() + v.sum())
+        assert np.array_equal(tape.grad(h), 12.0 + np.exp(tape.value(h)))
         steps = [(step[0], step[1], step[9]) for step in (tape._sched.steps if tape._sched else ())]
         assert np.array_equal(tape.grad(y), np.full(3, 6.0)) and np.array_equal(tape.grad(z), np.full(3, 3.0))
         tape.reset_to(start + 1)

@@ -138,29 +138,53 @@ def test_reset_reuses_buffers_and_zeroes_gradients():
 
 def test_kept_buffers_belong_to_their_node_and_survive_only_with_it():
     """softmax_xent's forward keeps exp(a − max) and its row sums for its backward (``Op.keep``). Two
-    losses in one episode read their own; a reset to a mark between them drops the second's while the
-    first keeps its own; the gradients equal those of a fresh tape recording the same losses, bit for bit."""
+    losses in one episode read their own; a reset to the mark just before the second drops its buffers
+    while the first keeps its own; values and gradients (the targets' too: a parameter at node 0) equal
+    those of a fresh tape recording the same losses, bit for bit."""
     rng = np.random.default_rng(5)
-    w0 = rng.standard_normal((3, 4))
-    t1, t2, t3 = np.eye(4)[[0, 2, 1]], rng.uniform(0.0, 1.0, (4, 3)), np.eye(3)[[2, 0, 1, 1]]
+    w0, u0 = rng.standard_normal((3, 4)), rng.uniform(0.0, 1.0, (3, 4))
+    t2, t3 = rng.uniform(0.0, 1.0, (4, 3)), np.eye(3)[[2, 0, 1, 1]]
+
+    def first_and_last(tape, u, w):
+        return tg.softmax_cross_entropy(w * 2.0, u), tg.softmax_cross_entropy(((w * 3.0).T + 0.0) * 1.0, t3)
+
     tape = tg.Tape()
+    u = tape.param(u0)        # node 0: the first loss's targets, trained too
     w = tape.param(w0)
     start = tape.mark()
     for ep in range(3):
-        l1 = tg.softmax_cross_entropy(w * 2.0, t1)
+        l1 = tg.softmax_cross_entropy(w * 2.0, u)
+        logits, targets = w.T - 1.0, tape.const(t2)
         mid = tape.mark()
-        tape.backward(tg.softmax_cross_entropy(w.T - 1.0, t2, axis=0) * 0.5)
+        tape.backward(tg.softmax_cross_entropy(logits, targets, axis=0) * 0.5)   # node mid keeps buffers
         tape.reset_to(mid)                      # the second loss goes; the first and its buffers stay
         l3 = tg.softmax_cross_entropy(((w * 3.0).T + 0.0) * 1.0, t3)
-        assert sorted(tape._kept) == [l1.id, l3.id]   # (l2's buffers are no longer held)
+        assert sorted(tape._kept) == [l1.id, l3.id]
         assert tape.backward(l1 + l3)
         fresh = tg.Tape()
-        fw = fresh.param(w0)
-        f1 = tg.softmax_cross_entropy(fw * 2.0, t1)
-        assert fresh.backward(f1 + tg.softmax_cross_entropy(((fw * 3.0).T + 0.0) * 1.0, t3))
+        fu, fw = fresh.param(u0), fresh.param(w0)
+        f1, f3 = first_and_last(fresh, fu, fw)
+        assert fresh.backward(f1 + f3)
         assert np.array_equal(tape.grad(w), fresh.grad(fw)), ep
+        assert np.array_equal(tape.grad(u), fresh.grad(fu)) and tape.touched(u), ep
         assert np.array_equal(tape.value(l1), fresh.value(f1))
         tape.reset_to(start)
+
+
+def test_the_source_memo_refills_with_the_same_answers():
+    """The frame walk behind each node's source memoizes, per code object, whether it is tapegrad's own;
+    emptied, it fills again with the same answers, under each code's own id."""
+    from tapegrad import tape as T
+    tape = tg.Tape()
+    x = tape.param(np.ones(2))
+    (x * 2.0).sum()
+    before = dict(T._OURS)
+    T._OURS.clear()
+    y = (x * 2.0).sum()
+    code = tape.nodes[y.id].src[0]
+    assert T._OURS[id(code)] == (code, False) and not code.co_filename.startswith(T._PKG)
+    assert all(T._OURS[k] == v for k, v in before.items() if k in T._OURS)
+    T._OURS.update(before)
 
 
 def test_second_backward_accumulates_leaf_gradients():

@@ -73,7 +73,7 @@ def mean_fwd(a, b, s, out, ws):
 
 def _variant(base, name, **kw):
     fields = {f: getattr(base, f) for f in ("arity", "shape", "fwd", "da", "db", "ref", "kind", "aliases",
-                                             "domain", "cases", "doc", "inputs", "check")}
+                                             "domain", "cases", "doc", "inputs", "check", "keep")}
     fields.update(kw, tier="exact")
     fields["inputs"] = base.inputs
     return O.Op(name, **fields)

@@ -26,7 +26,8 @@ An entry holds
           (residuals, as ``exp(a − max)`` of a softmax), so the backward need not recompute them;
           such an op's ``fwd`` and rules take the tuple of those buffers last, where a third input
           would go (an op has one or the other); the tape keeps them beside the value until
-          ``reset_to``, a replay beside its value buffer,
+          ``reset_to``, a replay beside its value buffer (memory for time: softmax_xent holds a
+          second logits-sized buffer for the episode),
   domain  one sampler per input for tests (e.g. positive inputs for ``log``),
   cases   ``(a_shape, b_shape, s)`` examples the tests sweep, broadcasting included.
 

@@ -8,12 +8,13 @@ from tapegrad import ops as O
 
 def snapshot(tape):
     """Everything a failed op must leave untouched."""
-    return (tape.nodes, [None if v is None else v.copy() for v in tape._val], tape._vals.pos, tape._params.pos)
+    return (tape.nodes, [None if v is None else v.copy() for v in tape._val], tape._vals.pos, tape._params.pos,
+            dict(tape._kept))
 
 
 def assert_unchanged(tape, before):
-    nodes, vals, vpos, ppos = before
-    assert tape.nodes == nodes
+    nodes, vals, vpos, ppos, kept = before
+    assert tape.nodes == nodes and tape._kept == kept
     assert all((a is None and b is None) or np.array_equal(a, b) for a, b in zip(vals, tape._val))
     assert len(vals) == len(tape._val)
     assert (tape._vals.pos, tape._params.pos) == (vpos, ppos)
@@ -215,6 +216,22 @@ def test_check_finite_names_the_first_bad_node_and_its_line():
                                                 r"created at test_tape.py:\d+"), np.errstate(invalid="ignore"):
         x.log()
     assert_unchanged(tape, before)
+
+
+def test_a_refused_loss_keeps_no_buffers():
+    """check_finite refuses a loss that overflows after its forward filled the buffers it keeps
+    (Op.keep): the tape is left as it was, kept buffers included, and the next loss is recorded."""
+    tape = tg.Tape(check_finite=True)
+    z = tape.param(np.array([[1.0, 2.0], [0.5, -1.0]]))
+    good = tg.softmax_cross_entropy(z, np.eye(2))
+    huge, targets = tape.const(np.array([[1e308, -1e308], [0.0, 1.0]])), tape.const(np.eye(2)[::-1])
+    before = snapshot(tape)
+    with pytest.raises(tg.NonFiniteError, match=r"^softmax_xent \(node 5\): first non-finite value, inputs "
+                                                r"\(\(2, 2\), \(2, 2\)\)"), np.errstate(over="ignore"):
+        tg.softmax_cross_entropy(huge, targets)    # a − max overflows to −inf for the target's class
+    assert_unchanged(tape, before)
+    assert tape.backward(good + tg.softmax_cross_entropy(z * 2.0, targets))
+    assert sorted(tape._kept) == [good.id, len(tape) - 2]
 
 
 def test_first_nonfinite_finds_values_then_gradients():

@@ -39,14 +39,15 @@ def every_case(backend, dtype="float64", names=FAMILY):
     return prog, items
 
 
-def ran(tape, loss, backend):
-    """``loss`` captured on ``backend`` ("numpy": the program emulated as the device), then one forward
-    and backward."""
+def ran(tape, loss, backend, episodes=1):
+    """``loss`` captured on ``backend`` ("numpy": the program emulated as the device), then ``episodes``
+    forward and backward passes."""
     prog = tg.capture(tape, loss, backend=backend)
     if backend == "numpy":
         emulate(prog)
-    prog.forward()
-    prog.backward()
+    for _ in range(episodes):
+        prog.forward()
+        prog.backward()
     return prog
 
 
@@ -234,12 +235,7 @@ def test_scatters_with_a_constant_target_a_shared_source_and_zero_dimensional_sl
         loss = extra
         for k, y in enumerate(ys):
             loss = loss + (y * tape.const(np.linspace(1.0, 2.0, y.size).reshape(y.shape) + k)).sum()
-        prog = tg.capture(tape, loss, backend=backend)
-        if backend == "numpy":
-            emulate(prog)
-        for _ in range(2):
-            prog.forward()
-            prog.backward()
+        prog = ran(tape, loss, backend, episodes=2)
         got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(v)) for v in (b, w, z)])
         rng = np.random.default_rng(8)
     assert all(np.array_equal(u, v) for u, v in zip(*got))

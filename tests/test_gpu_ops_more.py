@@ -208,11 +208,6 @@ def test_solves_with_one_side_constant_and_a_shared_right_hand_side_within_the_b
             vb = tape.const(b) if const == "b" else tape.param(b)
             y = tape.apply(op, va, vb, s)
             loss = (y * y).sum() + ((vb * vb).sum() if const == "a" else 0.0)
-            prog = tg.capture(tape, loss, backend=backend)
-            if backend == "numpy":
-                emulate(prog)
-            for _ in range(2):
-                prog.forward()
-                prog.backward()
+            prog = ran(tape, loss, backend, episodes=2)
             got[backend] = np.array(prog.grad(vb if const == "a" else va))
         assert within_blas(got["numpy"], got["native"]) and np.abs(got["native"]).max() > 0.1, const

@@ -463,7 +463,7 @@ def each(s, x, y):     # every shard trains its own copy of the state on its own
     return l[None], s[None]
 sh = NamedSharding(mesh, P("data"))
 S = jax.device_put(jnp.stack([s0 * (1 + k) for k in range(4)]), sh)
-l, s = each(S, jax.device_put(X, sh), jax.device_put(Y, sh))
+l, s = jax.block_until_ready(each(S, jax.device_put(X, sh), jax.device_put(Y, sh)))   # (dispatch is asynchronous)
 assert len(jax.devices()) == 4 and PR.stats(prog)["instances"] == 4, PR.stats(prog)
 l, s = np.asarray(l), np.asarray(s)
 one = jax.jit(step)

@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: demo test bench experiments mutants clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tapegrad/_ctape.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[test]"

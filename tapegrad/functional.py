@@ -391,6 +391,14 @@ def _install():
         setattr(V, f.__name__ if f.__name__ != "logsoftmax" else "log_softmax", f)
     V.__abs__ = abs
     V.T = property(transpose)
+    fast = Tape._fast   # the tape's C core (tapegrad/_ctape.c), where it is built
+    if fast is not None:   # operators and methods on Vars of one tape enter its apply directly
+        for name, op, f in (("__add__", O.add, add), ("__sub__", O.sub, sub), ("__mul__", O.mul, mul),
+                            ("__truediv__", O.div, div), ("__matmul__", O.matmul, matmul), ("__neg__", O.neg, neg),
+                            ("__abs__", O.abs, abs), ("relu", O.relu, relu), ("sigmoid", O.sigmoid, sigmoid),
+                            ("tanh", O.tanh, tanh), ("exp", O.exp, exp), ("log", O.log, log), ("sqrt", O.sqrt, sqrt),
+                            ("abs", O.abs, abs), ("square", O.square, square)):
+            setattr(V, name, fast.method(op, op.arity, f))
 
 
 _install()

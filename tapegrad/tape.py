@@ -302,7 +302,7 @@ class Tape:
 
     # ── the op path ──────────────────────────────────────────────────────────
 
-    def apply(self, op, a, b=None, s=None, c=None):
+    def _apply_py(self, op, a, b=None, s=None, c=None):
         """Append one registry op applied to Vars ``a`` (and ``b``, ``c``) with static operand ``s``."""
         if self._ordered is not None:
             op = self._ordered.get(op, op)
@@ -376,6 +376,9 @@ class Tape:
         if kept is not None:
             self._kept[i] = kept
         return Var(self, i, epoch)
+
+    apply = _apply_py   # (tapegrad/_ctape.c replaces it with its C path where it is built)
+    _fast: Any = None   # that module, which also replays a recorded sweep (Schedule.replay)
 
     def _apply_data(self, op, a, b, s, c):
         """The op path for ops with data inputs (and any op given one): every input's kind is checked
@@ -852,3 +855,18 @@ def _where(src):
     code, offset = src
     line = next((n for start, end, n in code.co_lines() if start <= offset < end), None)
     return f"{os.path.basename(code.co_filename)}:{line if line is not None else '?'}"
+
+
+def _install_c_core():
+    """Use the C hot paths (tapegrad/_ctape.c) where they were built, unless TAPEGRAD_PURE is set."""
+    if os.environ.get("TAPEGRAD_PURE"):
+        return
+    try:
+        from . import _ctape
+    except ImportError:   # built without a C compiler or Python's headers: the Python paths serve
+        return
+    Tape.apply = _ctape.install(Tape, Var, Node, _DATA, _SHAPES, _PKG, O.Bad)
+    Tape._fast = _ctape
+
+
+_install_c_core()

@@ -100,7 +100,7 @@ def test_every_registry_op_records_and_sweeps_as_the_python_paths_do(name, k):
 
 
 SHAPES = [(3, 4), (4,), (1, 4), (), (5,)]   # (5,) broadcasts with none of (3, 4), (4,), (1, 4)
-UNARY = ["tanh", "relu", "exp", "sigmoid", "neg", "abs", "square", "sum", "T"]
+UNARY = ["tanh", "relu", "exp", "log", "sigmoid", "neg", "abs", "square", "sum", "T"]
 BINARY = ["add", "sub", "mul", "div", "maximum", "matmul", "rsub", "radd", "scalar_mul", "scalar_div", "lifted"]
 
 
@@ -112,6 +112,9 @@ def step(tape, vs, kind, i, j):
         return a.relu()
     if kind == "exp":
         return (a * 0.1).exp()
+    if kind == "log":   # nan for negative values: what check_finite stops
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return a.log()
     if kind == "sigmoid":
         return a.sigmoid()
     if kind == "neg":
@@ -152,13 +155,15 @@ programs = st.lists(st.tuples(st.sampled_from(UNARY + BINARY), st.integers(0, 50
 
 
 @needs_core
-@settings(max_examples=100, deadline=None)
-@given(programs, st.sampled_from(["raise", "poison"]), st.booleans(), st.sampled_from([np.float64, np.float32]))
-def test_random_programs_agree_with_the_python_paths(program, on_error, sources, dtype):
+@settings(max_examples=300, deadline=None)
+@given(programs, st.sampled_from(["raise", "poison"]), st.booleans(), st.sampled_from([np.float64, np.float32]),
+       st.sampled_from([{}, {"ordered": True}, {"check_finite": True}]))
+def test_random_programs_agree_with_the_python_paths(program, on_error, sources, dtype, mode):
     """Random graphs over broadcasting shapes, including ones that fail (a (5,) operand, a matmul of
-    mismatched shapes), three episodes each, in raise and poison mode: the C core and the Python paths
-    leave the same tape behind after every op and every backward."""
-    tapes = twins(on_error=on_error, sources=sources, dtype=dtype)
+    mismatched shapes, exp overflowing under check_finite), three episodes each, in raise and poison
+    mode, plain, ordered and checking values: the C core and the Python paths leave the same tape
+    behind after every op and every backward."""
+    tapes = twins(on_error=on_error, sources=sources, dtype=dtype, **mode)
     rng = np.random.default_rng(len(program))
     inits = [rng.standard_normal(s) for s in SHAPES]
     leaves = {id(t): [t.param(x) for x in inits] for t in tapes}
@@ -207,6 +212,35 @@ def test_a_value_the_op_cannot_take_reports_and_rewinds_on_the_c_path():
 
 
 @needs_core
+@pytest.mark.parametrize("swap", ["stale", "lazy a", "lazy b"])
+def test_stale_vars_and_lazy_constants_on_an_episode_the_c_path_knows(swap):
+    """Two episodes record y = x·x and then y·x; a third gives that second op, at the arena place and
+    with the shapes the C path knows, a Var of the episode before whose id is taken again (the Python
+    paths' ForeignVarError), or a lazy constant on either side (a lazy node, no value)."""
+    tapes = twins()
+    xs = {id(t): t.param(np.ones(4)) for t in tapes}
+    marks = [t.mark() for t in tapes]
+    prev = {}
+    for ep in range(3):
+        ys = {id(t): xs[id(t)] * xs[id(t)] for t in tapes}
+        lazy = {id(t): t.const_lazy((4,)) for t in tapes} if ep == 2 and swap != "stale" else None
+        if ep < 2:
+            out = both(tapes, lambda t: ys[id(t)] * xs[id(t)])
+            assert out[0] == "var"
+        elif swap == "stale":
+            assert [ys[id(t)].id for t in tapes] == [prev[id(t)].id for t in tapes]
+            out = both(tapes, lambda t: prev[id(t)] * xs[id(t)])
+            assert out[0] == "ForeignVarError" and "dropped by reset_to" in out[1], out
+        else:
+            out = both(tapes, lambda t: lazy[id(t)] * xs[id(t)] if swap == "lazy a" else xs[id(t)] * lazy[id(t)])
+            assert out[0] == "var" and all(t.nodes[-1].lazy and t._val[-1] is None for t in tapes)
+        assert state(tapes[0]) == state(tapes[1])
+        prev = ys
+        for t, m in zip(tapes, marks):
+            t.reset_to(m)
+
+
+@needs_core
 def test_sources_follow_the_tapes_flag_on_the_c_path():
     tape = tg.Tape()
     x = tape.param(np.ones(4))
@@ -233,9 +267,11 @@ def test_a_subclass_of_tape_keeps_its_own_apply():
 
     tape = Counting()
     x = tape.param(np.ones(4))
-    for _ in range(2):
+    start = tape.mark()
+    for _ in range(3):   # from the second episode on, the memo and the arena know every op
         (x * x).tanh() - x
-    assert calls == ["mul", "tanh", "sub"] * 2
+        tape.reset_to(start)
+    assert calls == ["mul", "tanh", "sub"] * 3
 
 
 @needs_core
@@ -271,7 +307,8 @@ def test_the_c_paths_hold_no_references_and_no_memory_per_episode():
         grown.append(tracemalloc.get_traced_memory()[0] - base)
         tracemalloc.stop()
         assert [sys.getrefcount(o) for o in watched] == counts
-    assert grown[0] <= grown[1] + 1024, f"{grown[0]} bytes more after 200 episodes ({grown[1]} on the Python paths)"
+    # one leaked object per op is 12,000 objects of 32 bytes or more: 384 KB; dict resizes elsewhere are ~1 KB
+    assert grown[0] <= grown[1] + 32768, f"{grown[0]} bytes more after 200 episodes ({grown[1]} on the Python paths)"
 
 
 @needs_core

@@ -13,6 +13,7 @@ reported as invalid (fix the mutation), never as killed.
 """
 import argparse
 import concurrent.futures
+import glob
 import json
 import os
 import queue
@@ -29,6 +30,9 @@ GPU, HANDLER = "interop/tg_gpu.c", ["tests/test_gpu_handler.py"]   # the GPU cus
 NATIVE = ["tests/test_native_reductions.py", "tests/test_tape_sweep.py", "tests/test_optim_continuity.py",
           "tests/test_fuse.py", "tests/test_native.py", "tests/test_capture_inputs.py", "tests/test_replay_paths.py"]
 INTEROP = ["tests/test_interop_edges.py", "tests/test_interop_program.py"]
+CT = "tapegrad/_ctape.c"   # the eager tape's C core, built into the scratch tree for each of its mutations
+TAPE = ["tests/test_ctape.py", "tests/test_tape.py", "tests/test_schedule.py", "tests/test_tape_errors.py",
+        "tests/test_tape_edges.py"]
 
 # (file, original text, mutated text, tests, what the bug is). Equivalent mutations carry "equivalent: why".
 MUTATIONS = [
@@ -138,6 +142,42 @@ MUTATIONS = [
      "GPU episode: a result XLA did not alias is not copied from its operand"),
     (GPU, "  TG_CU(tg_cu.StreamSynchronize(stream), \"cuStreamSynchronize\");", "", HANDLER,
      "GPU episode: the count is used before its copy completes"),
+    (CT, "    if (tsi == NULL || toff == NULL || PyObject_IsTrue(tsi) || PyObject_IsTrue(toff)) {",
+     "    if (tsi == NULL || toff == NULL || PyObject_IsTrue(tsi)) {", TAPE,
+     "apply: forward scratch that stayed in the first slab is not handed back"),
+    (CT, "    int req = PyTuple_GET_ITEM(na, 4) == Py_True || (nb && PyTuple_GET_ITEM(nb, 4) == Py_True);",
+     "    int req = PyTuple_GET_ITEM(na, 4) == Py_True;", TAPE, "apply: a parameter reached through b only gets no gradient"),
+    (CT, "    pos = PyTuple_Pack(2, si, off);", "    pos = PyTuple_Pack(2, si, PyTuple_GET_ITEM(hit, 1));", TAPE,
+     "apply: the node's arena position is taken after its value instead of before"),
+    (CT, "    if (PyTuple_GET_ITEM(na, 7) != Py_False || (nb && PyTuple_GET_ITEM(nb, 7) != Py_False))",
+     "    if (PyTuple_GET_ITEM(na, 7) != Py_False)", TAPE, "apply: an op on a lazy constant as b runs its forward"),
+    (CT, "    if (memo == NULL || PyTuple_GET_ITEM(memo, 2) != Py_None)", "    if (memo == NULL)", TAPE,
+     "apply: an op that keeps buffers for its backward runs without them"),
+    (CT, "        PyErr_Clear();   /* a value the op cannot take: Python rewinds and reports it */\n        goto undo;",
+     "        PyErr_Clear();   /* a value the op cannot take: Python rewinds and reports it */\n        goto python;",
+     TAPE, "apply: a failed forward leaves its value's arena space taken"),
+    (CT, "        if (!ours) {", "        if (ours) {", TAPE, "sources: the package's own frame is recorded instead of the caller's"),
+    (CT, "    int same = PyObject_RichCompareBool(PyTuple_GET_ITEM(n, 5), SLOT(v, off_epoch), Py_EQ);",
+     "    int same = 1;", TAPE, "apply: a Var dropped by reset_to is taken for the node now at its id"),
+    (CT, "ordered != Py_None || check != Py_False", "ordered == NULL || check != Py_False", TAPE,
+     "apply: an ordered tape records the op's plain variant"),
+    (CT, "ordered != Py_None || check != Py_False", "ordered != Py_None || check == NULL", TAPE,
+     "apply: check_finite is not checked on the C path"),
+    (CT, "        Py_TYPE(SLOT(args[0], off_tape)) == (PyTypeObject *)TapeCls &&", "", TAPE,
+     "methods: a Tape subclass's own apply is bypassed"),
+    (CT, "                PyList_SetItem(gpass, j, Py_NewRef(p));\n                continue;",
+     "                continue;", TAPE, "replay: a gradient written in place is not marked as this pass's"),
+    (CT, "                r = call_kw(np_add, ad, 3, kw_out);", "                r = PyObject_Vectorcall(np_copyto, ad, 2, NULL);",
+     TAPE, "replay: a later contribution overwrites the gradient instead of adding to it"),
+    (CT, "            if (!there) {", "            if (0) {", TAPE, "replay: the scratch arena is not rewound before a rule"),
+    (CT, "        SLOT(res, off_epoch) = Py_NewRef(epoch);", "        SLOT(res, off_epoch) = Py_NewRef(zero);", TAPE,
+     "apply: the Var is stamped with the first episode instead of the tape's current one"),
+    (CT, "            if (PyList_Append(kept, PyTuple_GET_ITEM(st, 1)) < 0)", "            if (0)", TAPE,
+     "replay: a gradient adopted from the scratch arena is not listed as living there"),
+    (CT, "            if (x == -2) {", "            if (x == -3) {", TAPE,
+     "replay: an op's kept buffers are not passed to its rule"),
+    (CT, "            c = Py_NewRef(PyTuple_GET_ITEM(buf, 2));", "            c = Py_NewRef(PyTuple_GET_ITEM(buf, 0));", TAPE,
+     "replay: a summed contribution is taken in its reduced shape's view instead of the buffer"),
 ]
 
 
@@ -153,6 +193,15 @@ def copy_tree(work):
         if os.path.exists(os.path.join(ROOT, f)):
             os.makedirs(os.path.dirname(os.path.join(work, f)) or work, exist_ok=True)
             shutil.copy2(os.path.join(ROOT, f), os.path.join(work, f))
+
+
+def build_core(work):
+    """Compile tapegrad/_ctape.c of the scratch tree as setuptools would (warnings are errors)."""
+    import sysconfig
+    so = os.path.join(work, "tapegrad", "_ctape" + sysconfig.get_config_var("EXT_SUFFIX"))
+    return subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror",
+                           "-Wno-unused-parameter", "-I", sysconfig.get_paths()["include"], os.path.join(work, CT),
+                           "-o", so], capture_output=True, text=True, timeout=300)
 
 
 def run_one(work, k):
@@ -177,6 +226,11 @@ def run_one(work, k):
             if b.returncode:
                 return {"index": k, "file": path, "what": what, "status": "invalid",
                         "detail": (b.stdout + b.stderr).strip()[:160]}
+        if path == CT:   # build the mutated core where the scratch tree's tapegrad imports it from
+            b = build_core(work)
+            if b.returncode:
+                return {"index": k, "file": path, "what": what, "status": "invalid",
+                        "detail": (b.stdout + b.stderr).strip()[:160]}
         r = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-W", "ignore",
                             *tests], cwd=work, env=env, capture_output=True, text=True, timeout=900)
         text, rc = r.stdout + r.stderr, r.returncode
@@ -185,6 +239,9 @@ def run_one(work, k):
     finally:
         with open(full, "w") as f:
             f.write(orig)
+        if path == CT:   # the other mutations run on the Python paths, as the scratch tree has no core
+            for so in glob.glob(os.path.join(work, "tapegrad", "_ctape*.so")):
+                os.remove(so)
     if "BuildError" in text and ("error:" in text or "warning" in text):
         status = "invalid"
     elif rc == 0:

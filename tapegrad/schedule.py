@@ -67,8 +67,8 @@ class Schedule:
         return all((grads[j] is None) is none for j, none in self.empty)
 
     def replay(self, tape):
-        if tape._fast is not None:   # the same loop in C (tapegrad/_ctape.c)
-            return tape._fast.replay(self.steps, self.end, tape)
+        if tape._fast is not None:   # the same loop in C (tapegrad/_ctape.c; tests/test_ctape.py compares them)
+            return tape._fast.replay(self.steps, self.end, tape)  # pragma: no mutate
         nodes, vals, grads, gpass, ws = tape._nodes, tape._val, tape._grad, tape._gpass, tape._grads
         kept = tape._arena_grads
         p = tape._pass

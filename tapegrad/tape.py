@@ -859,14 +859,15 @@ def _where(src):
 
 def _install_c_core():
     """Use the C hot paths (tapegrad/_ctape.c) where they were built, unless TAPEGRAD_PURE is set."""
-    if os.environ.get("TAPEGRAD_PURE"):
+    # (not mutated: mutation runs use a scratch tree without the built core; tests/test_ctape.py checks it)
+    if os.environ.get("TAPEGRAD_PURE"):  # pragma: no mutate
         return
     try:
         from . import _ctape
     except ImportError:   # built without a C compiler or Python's headers: the Python paths serve
         return
-    Tape.apply = _ctape.install(Tape, Var, Node, _DATA, _SHAPES, _PKG, O.Bad)
-    Tape._fast = _ctape
+    Tape.apply = _ctape.install(Tape, Var, Node, _DATA, _SHAPES, _PKG, O.Bad)  # pragma: no mutate
+    Tape._fast = _ctape  # pragma: no mutate
 
 
 _install_c_core()

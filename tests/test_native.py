@@ -415,3 +415,42 @@ def test_small_product_threshold_follows_the_blas_kernel(monkeypatch):
     assert runner.small_gemm_limit("float64") == runner.SMALL_GEMM
     monkeypatch.setenv("TAPEGRAD_SMALL_GEMM", "12")
     assert runner.small_gemm_limit("float64") == 12
+
+
+@pytest.mark.parametrize("kind", ["adam", "adam-hat-clip", "sgd-l2"])
+def test_an_update_split_over_threads_gives_the_one_thread_bits(kind):
+    """The native runner splits an optimizer update of at least ``SPLIT_UPDATES`` parameters into
+    element ranges on threads it starts (``tg_threads_team``); each element's arithmetic is unchanged,
+    so three episodes give the bits of the unsplit update, also with ranges that end inside a
+    parameter (three parts) and a parameter the loss does not reach (skipped)."""
+    from tapegrad.native import runner as R
+
+    def trained(parts, min_upd):
+        rng = np.random.default_rng(7)
+        tape = tg.Tape()
+        ps = [tape.param(rng.standard_normal((512, 257)) * 0.05),   # 131,584 parameters: above SPLIT_UPDATES
+              tape.param(np.zeros(257)), tape.param(rng.standard_normal((257, 3)) * 0.05),
+              tape.param(np.ones(5))]                                # no gradient reaches it
+        x, y = tape.const(rng.standard_normal((8, 512))), tape.const(np.eye(3)[rng.integers(0, 3, 8)])
+        loss = tg.softmax_cross_entropy((x @ ps[0] + ps[1]).tanh() @ ps[2], y)
+        prog = tg.capture(tape, loss, backend="native")
+        opt = {"adam": lambda: tg.Adam(1e-2), "adam-hat-clip": lambda: tg.Adam(1e-2, eps_mode="hat", clip=0.5),
+               "sgd-l2": lambda: tg.SGD(1e-2)}[kind]()
+        for p in ps:
+            opt.add(tape, p, l2=1e-3 if kind == "sgd-l2" else 0.0)
+        prog.attach(opt)
+        r = prog.runner
+        assert r.team != 0 and r.table[6] == r.team   # every runner has the team
+        r.team = r.lib.tg_threads_team(parts, min_upd) if parts > 1 else 0
+        r._fill_table()
+        for _ in range(3):
+            r.episode()
+        r.lib.tg_threads_team(R.update_parts(), R.SPLIT_UPDATES)   # (the library's team, as loaded)
+        return [np.array(prog.value(p)) for p in ps], ps[0].size
+
+    (one, n), (two, _), (three, _) = trained(1, 0), trained(2, R.SPLIT_UPDATES), trained(3, 1)
+    assert n >= R.SPLIT_UPDATES
+    for got in (two, three):
+        assert all(np.array_equal(a, b) for a, b in zip(got, one))
+    assert not np.array_equal(one[0], np.random.default_rng(7).standard_normal((512, 257)) * 0.05)
+    assert np.array_equal(one[3], np.ones(5))

@@ -358,3 +358,17 @@ def test_first_nonfinite_reports_the_exact_line_of_each_creating_call():
     with np.errstate(invalid="ignore"):
         w.sqrt()
     assert lean.first_nonfinite().where == "?"
+
+
+def test_the_seed_of_a_scalar_loss_is_copied_into_the_tapes_own_gradient():
+    """backward's default seed (ones, cached per shape) is copied, never adopted: two tapes' loss
+    gradients share no memory, and accumulating into one leaves the next seed at one."""
+    tapes = [tg.Tape(), tg.Tape()]
+    losses = [(t.param(np.ones(3)) * 2.0).sum() for t in tapes]
+    for t, y in zip(tapes, losses):
+        assert t.backward(y)
+    assert not np.shares_memory(tapes[0].grad(losses[0]), tapes[1].grad(losses[1]))
+    assert tapes[0].backward(losses[0]) and float(tapes[0].grad(losses[0])) == 1.0   # (the latest pass)
+    third = tg.Tape()
+    y = (third.param(np.ones(3)) * 2.0).sum()
+    assert third.backward(y) and float(third.grad(y)) == 1.0

@@ -164,6 +164,9 @@ def run_module(name, jobs):
     work = prepare(name)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["TAPEGRAD_CACHE"] = os.path.join(OUT, "cache")   # mutated C never lands in the user's build cache
+    # mutmut mutates the Python paths; the eager tape's C core (which an editable install would load
+    # from the checkout) is switched off so they run. tools/c_mutants.py mutates the core itself.
+    env["TAPEGRAD_PURE"] = "1"
     env["CC"] = os.path.join(ROOT, "tools", "cc_mutants")   # -O0: same bits, compiles 20x faster
     env["CXX"] = os.path.join(ROOT, "tools", "cxx_mutants")   # the GPU host emulation's C++, -O0 likewise
     t0 = time.time()

@@ -230,6 +230,17 @@ def _addr(a):
     return a.__array_interface__["data"][0]
 
 
+# An optimizer update of at least this many parameters is split over the CPU's cores, on threads the
+# program starts for the step (inside jax.jit XLA's pool does it instead). Below it, starting a thread
+# costs more than half the update (experiments/bench_capture.py measures both sides of it).
+SPLIT_UPDATES = 1 << 17
+
+
+def update_parts():
+    """How many ranges a large optimizer update is split into: the cores this process may run on."""
+    return min(len(os.sched_getaffinity(0)), 8)
+
+
 class NativeRunner:
     """Builds and drives the generated library of one ``Program``."""
 
@@ -248,6 +259,9 @@ class NativeRunner:
         self.base = len(self.bufs)       # optimizer buffers go after these; the table never moves
         self.table = np.zeros(codegen.FIRST + self.base + 5 * len(p.params), np.uint64)
         self.sizes = np.zeros(len(self.table), np.int64)
+        team = self.lib.tg_threads_team
+        team.argtypes, team.restype = [ctypes.c_int, ctypes.c_long], ctypes.c_void_p
+        self.team = team(update_parts(), SPLIT_UPDATES) or 0
         self._fill_table()
         self.ctx = ctypes.c_void_p(_addr(self.table))
         self.fns = {}
@@ -261,6 +275,7 @@ class NativeRunner:
         t = self.table
         t[0], t[1] = gemm, dot
         t[2], t[3], t[4] = _addr(self.sc), _addr(self.cfg), _addr(self.pinfo)
+        t[6] = self.team
         self.sizes[:] = 0
         if any(self.p.nodes[k][0].kind == "linalg" for k in self.p.compute):
             t[5] = _addr(lapack_pointers(self.p.dtype)[0])

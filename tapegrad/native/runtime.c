@@ -7,6 +7,7 @@
  * the trailing contiguous reduced block summed pairwise (8 accumulators, blocks of 128).
  */
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #ifndef TG_MAXD   /* the largest rank in the program (codegen defines it when a program exceeds 8) */
@@ -333,6 +334,55 @@ typedef struct tg_team {
     int parts;
     long min_upd;
 } tg_team;
+
+/* The team of a program called directly (the native runner; XLA's handler brings its own pool): part 0
+ * runs on the caller, the others on threads started for the call and joined before it returns; a part
+ * whose thread cannot start runs on the caller. */
+typedef struct {
+    void (*fn)(void *, int);
+    void *arg;
+    int part;
+} tg_thread_part;
+
+static void *tg_thread_main(void *arg)
+{
+    const tg_thread_part *t = (const tg_thread_part *)arg;
+    t->fn(t->arg, t->part);
+    return NULL;
+}
+
+#define TG_THREADS_MAX 64
+
+TG_FN void tg_threads_run(tg_team *self, int parts, void (*fn)(void *, int), void *arg)
+{
+    pthread_t th[TG_THREADS_MAX];
+    tg_thread_part job[TG_THREADS_MAX];
+    int up[TG_THREADS_MAX];
+    (void)self;
+    for (int i = 1; i < parts; i++) {
+        job[i] = (tg_thread_part){fn, arg, i};
+        up[i] = pthread_create(&th[i], NULL, tg_thread_main, &job[i]) == 0;
+    }
+    fn(arg, 0);
+    for (int i = 1; i < parts; i++) {
+        if (up[i])
+            pthread_join(th[i], NULL);
+        else
+            fn(arg, i);
+    }
+}
+
+static tg_team tg_threads = {tg_threads_run, 0, 1, 0};
+
+/* The direct caller's team, for T[6]: an optimizer update of at least min_upd parameters is split into
+ * `parts` (at most TG_THREADS_MAX) element ranges, the same arithmetic per element; products are left
+ * to BLAS's own threads. */
+void *tg_threads_team(int parts, long min_upd)
+{
+    tg_threads.parts = parts < 1 ? 1 : parts > TG_THREADS_MAX ? TG_THREADS_MAX : parts;
+    tg_threads.min_upd = min_upd;
+    return &tg_threads;
+}
 
 static _Thread_local void **tg_cur;   /* the table of the running entry point (set on entry) */
 

@@ -80,7 +80,8 @@ static PyObject *field(PyObject *dict, PyObject *name)
 /* The node of Var v if it is a live Var of this tape (a borrowed reference), else NULL. */
 static PyObject *node_of(PyObject *tape, PyObject *nodes, PyObject *v)
 {
-    if (Py_TYPE(v) != (PyTypeObject *)Var || SLOT(v, off_tape) != tape || !PyLong_CheckExact(SLOT(v, off_id)))
+    if (Py_TYPE(v) != (PyTypeObject *)Var || SLOT(v, off_tape) != tape || SLOT(v, off_id) == NULL ||
+        !PyLong_CheckExact(SLOT(v, off_id)) || SLOT(v, off_epoch) == NULL)   /* (NULL: a Var never initialised) */
         return NULL;
     Py_ssize_t i = PyLong_AsSsize_t(SLOT(v, off_id));
     if (i < 0 || i >= PyList_GET_SIZE(nodes)) {
@@ -217,7 +218,7 @@ static PyObject *method_call(PyObject *self, PyObject *const *args, size_t nargs
 {
     Method *m = (Method *)self;
     Py_ssize_t n = PyVectorcall_NARGS(nargsf);
-    if (kwnames == NULL && n == m->arity && Py_TYPE(args[0]) == (PyTypeObject *)Var &&
+    if (kwnames == NULL && n == m->arity && Py_TYPE(args[0]) == (PyTypeObject *)Var && SLOT(args[0], off_tape) &&
         Py_TYPE(SLOT(args[0], off_tape)) == (PyTypeObject *)TapeCls &&   /* (a subclass may have its own apply) */
         (n == 1 || (Py_TYPE(args[1]) == (PyTypeObject *)Var && SLOT(args[1], off_tape) == SLOT(args[0], off_tape)))) {
         PyObject *res = fast_apply(SLOT(args[0], off_tape), m->op, args[0], n == 2 ? args[1] : Py_None, Py_None);

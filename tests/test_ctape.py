@@ -241,6 +241,18 @@ def test_stale_vars_and_lazy_constants_on_an_episode_the_c_path_knows(swap):
 
 
 @needs_core
+def test_a_var_never_initialised_gets_pythons_error_not_a_crash():
+    tape = tg.Tape()
+    x = tape.param(np.ones(3))
+    blank = tg.Var.__new__(tg.Var)   # its slots are empty
+    for f in (lambda: blank * x, lambda: x * blank, lambda: blank.tanh(), lambda: -blank,
+              lambda: tape.apply(O.mul, x, blank)):
+        with pytest.raises((AttributeError, TapeError)):
+            f()
+    assert len(tape) == 1 and tape.ok
+
+
+@needs_core
 def test_sources_follow_the_tapes_flag_on_the_c_path():
     tape = tg.Tape()
     x = tape.param(np.ones(4))

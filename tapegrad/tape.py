@@ -166,8 +166,8 @@ class Tape:
     check_finite : raise ``NonFiniteError`` at the first op whose value is not finite (the node is not
         appended), and after a ``backward`` that produced a non-finite gradient.
     sources : record the file and line that created each node (reported by ``first_nonfinite`` and
-        ``check_finite``). Finding the caller's frame costs about 0.5 µs per op; ``sources=False``
-        saves it and reports the place as "?".
+        ``check_finite``). Finding the caller's frame costs about 0.15 µs per op (0.45 on the Python
+        paths); ``sources=False`` saves it and reports the place as "?".
     ordered : record matmul, sum and mean in ordered mode (``tapegrad.ordered``): serial index-order
         sums without FMA, so every backend reproduces the tape bit for bit (slower: no BLAS).
 

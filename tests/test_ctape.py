@@ -51,7 +51,7 @@ def state(tape):
              else tape._grad[i].tobytes() for i in range(len(tape))]
     kept = {i: [k.tobytes() for k in ks] for i, ks in tape._kept.items()}
     return (nodes, vals, grads, kept, tape._vals.pos, tape._tmp.pos, tape._grads.pos, tape.ok,
-            repr(tape.error), tape._epoch)
+            repr(tape.error), tape._epoch, list(tape._gpass), tape._pass, tape._since, list(tape._arena_grads))
 
 
 def twins(**kw):

@@ -41,6 +41,18 @@ def test_the_core_is_built_where_python_headers_are():
     assert tg.Var.tanh.__wrapped__ is tg.tanh and tg.Var.tanh.__doc__ == tg.tanh.__doc__
 
 
+def test_the_core_compiles_without_warnings(tmp_path):
+    """The build itself lets warnings pass (a newer compiler must not cost users the core); here they fail."""
+    include = Path(sysconfig.get_paths()["include"])
+    if not (include / "Python.h").exists():
+        pytest.skip("no Python headers here")
+    cc = os.environ.get("CC", "cc")
+    run = subprocess.run([cc, "-c", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
+                          "-I", str(include), str(ROOT / "tapegrad" / "_ctape.c"), "-o", str(tmp_path / "c.o")],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
 def state(tape):
     """Everything an op or a backward changes, comparable with ==. A node's source is compared as the
     line it names: the bytecode offset of a call differs by the callee's kind (a call into C is made

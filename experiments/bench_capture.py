@@ -162,6 +162,37 @@ def main():
                 print(f"| {name} | " + " | ".join(f"{f / t[c] / 1e3:.1f} ({f / t[c] / 1e3 / peak:.0%})"
                                                   for c in cols) + " |")
     fusion_table(3 if args.quick else 7, 20)
+    update_table(names, args.quick)
+
+
+def update_table(names, quick):
+    """The optimizer step alone (Adam), on one thread and split over the cores by the native runner's
+    own threads (forced here at every size, so both sides of its SPLIT_UPDATES threshold show)."""
+    from tapegrad.native.runner import SPLIT_UPDATES, update_parts
+    print()
+    print(f"Adam step alone in a native program, µs per call: one thread, and split into {update_parts()} "
+          f"ranges on threads the program starts (the runner splits from {SPLIT_UPDATES:,} parameters)")
+    print()
+    print("| size | parameters | one thread | split | speed-up |")
+    print("|---|---:|---:|---:|---:|")
+    for name in names:
+        batch, sizes = SIZES[name]
+        prog = program_step(batch, sizes, "native")[1]
+        r = prog.runner
+        split = r.lib.tg_threads_team(update_parts(), 1)
+        n = sum(a * b + b for a, b in zip(sizes, sizes[1:]))
+
+        def with_team(team):
+            def step():
+                if r.table[6] != team:
+                    r.team = team
+                    r._fill_table()
+                r.step()
+            return step
+        reps, inner = (3, 5) if quick else {"tiny": (9, 200), "small": (9, 50), "medium": (9, 10), "large": (5, 2)}[name]
+        t = side_by_side({"one": with_team(0), "split": with_team(split)}, reps, inner)
+        r.lib.tg_threads_team(update_parts(), SPLIT_UPDATES)
+        print(f"| {name} | {n:,} | {t['one']:,.1f} | {t['split']:,.1f} | {t['one'] / t['split']:.2f}× |")
 
 
 if __name__ == "__main__":

@@ -393,11 +393,10 @@ def _install():
     V.T = property(transpose)
     fast = Tape._fast   # the tape's C core (tapegrad/_ctape.c), where it is built
     if fast is not None:   # operators and methods on Vars of one tape enter its apply directly
-        for name, op, f in (("__add__", O.add, add), ("__sub__", O.sub, sub), ("__mul__", O.mul, mul),
-                            ("__truediv__", O.div, div), ("__matmul__", O.matmul, matmul), ("__neg__", O.neg, neg),
-                            ("__abs__", O.abs, abs), ("relu", O.relu, relu), ("sigmoid", O.sigmoid, sigmoid),
-                            ("tanh", O.tanh, tanh), ("exp", O.exp, exp), ("log", O.log, log), ("sqrt", O.sqrt, sqrt),
-                            ("abs", O.abs, abs), ("square", O.square, square)):
+        for name, f in (("__add__", add), ("__sub__", sub), ("__mul__", mul), ("__truediv__", div),
+                        ("__matmul__", matmul), ("__neg__", neg), ("__abs__", abs),
+                        *((f.__name__, f) for f in (relu, sigmoid, tanh, exp, log, sqrt, abs, square))):
+            op = O.OPS[f.__name__]
             setattr(V, name, fast.method(op, op.arity, f))
 
 

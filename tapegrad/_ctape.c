@@ -337,6 +337,47 @@ static PyObject *call_kw(PyObject *f, PyObject **args, Py_ssize_t n, PyObject *k
     return PyObject_Vectorcall(f, args, n - PyTuple_GET_SIZE(kwnames), kwnames);
 }
 
+/* What Tape._accumulate did with contribution c to node j's gradient, as the sweep recorded it (code,
+ * buf); steals c. ADOPT and NEW make c (or buf) the gradient and list it as living in the scratch arena. */
+static int accumulate(long code, PyObject *grads, Py_ssize_t j, PyObject *jobj, PyObject *c, PyObject *buf,
+                      PyObject *kept)
+{
+    PyObject *r, *gj = PyList_GET_ITEM(grads, j);
+    if (code == ADOPT || code == NEW) {
+        if (code == NEW) {
+            PyObject *cp[2] = {buf, c};
+            r = PyObject_Vectorcall(np_copyto, cp, 2, NULL);
+            Py_DECREF(c);
+            if (r == NULL)
+                return -1;
+            Py_DECREF(r);
+            c = Py_NewRef(buf);
+        }
+        PyList_SetItem(grads, j, c);
+        return PyList_Append(kept, jobj);
+    }
+    if (code == ADD) {
+        PyObject *ad[3] = {gj, c, gj};
+        r = call_kw(np_add, ad, 3, kw_out);
+    } else if (code == COPY) {
+        PyObject *cp[2] = {gj, c};
+        r = PyObject_Vectorcall(np_copyto, cp, 2, NULL);
+    } else {   /* INTO: np.add.reduce(c, axis=buf[0], out=grads[j].reshape(buf[1])) */
+        PyObject *view = PyObject_CallMethodOneArg(gj, s_reshape, PyTuple_GET_ITEM(buf, 1));
+        r = NULL;
+        if (view != NULL) {
+            PyObject *kw[3] = {c, PyTuple_GET_ITEM(buf, 0), view};
+            r = call_kw(np_add_reduce, kw, 3, kw_axis_out);
+            Py_DECREF(view);
+        }
+    }
+    Py_DECREF(c);
+    if (r == NULL)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 /* Schedule.replay: steps are (k, j, a, b, x, rule, f, t, pos, code, buf) as schedule.py writes them. */
 static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -423,46 +464,9 @@ static PyObject *replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             buf = Py_None;
             code &= 7;
         }
-        PyObject *r = NULL, *gj = PyList_GET_ITEM(grads, j);
-        if (code == ADOPT || code == NEW) {
-            if (code == NEW) {
-                PyObject *cp[2] = {buf, c};
-                r = PyObject_Vectorcall(np_copyto, cp, 2, NULL);
-                Py_DECREF(c);
-                if (r == NULL)
-                    goto done;
-                c = Py_NewRef(buf);
-            } else {
-                r = Py_NewRef(Py_None);
-            }
-            PyList_SetItem(grads, j, c);   /* (steals c) */
-            if (PyList_Append(kept, PyTuple_GET_ITEM(st, 1)) < 0)
-                goto step_failed;
-        } else {
-            if (code == ADD) {
-                PyObject *ad[3] = {gj, c, gj};
-                r = call_kw(np_add, ad, 3, kw_out);
-            } else if (code == COPY) {
-                PyObject *cp[2] = {gj, c};
-                r = PyObject_Vectorcall(np_copyto, cp, 2, NULL);
-            } else {   /* INTO: np.add.reduce(c, axis=buf[0], out=grads[j].reshape(buf[1])) */
-                PyObject *view = PyObject_CallMethodOneArg(gj, s_reshape, PyTuple_GET_ITEM(buf, 1));
-                if (view != NULL) {
-                    PyObject *kw[3] = {c, PyTuple_GET_ITEM(buf, 0), view};
-                    r = call_kw(np_add_reduce, kw, 3, kw_axis_out);
-                    Py_DECREF(view);
-                }
-            }
-            Py_DECREF(c);
-            if (r == NULL)
-                goto step_failed;
-        }
-        Py_DECREF(r);
+        if (accumulate(code, grads, j, PyTuple_GET_ITEM(st, 1), c, buf, kept) < 0)
+            goto done;
         PyList_SetItem(gpass, j, Py_NewRef(p));
-        continue;
-    step_failed:
-        Py_XDECREF(r);
-        goto done;
     }
     res = PyObject_CallMethodOneArg(ws, s_rewind, end);
 done:

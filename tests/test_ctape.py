@@ -1,6 +1,7 @@
 """The eager tape's C core (tapegrad/_ctape.c) does what the Python paths do: the same nodes, values,
 arena positions, sources, gradients and errors, on every registry op and on random programs; and the
 Python paths still pass the tape's own tests where the core is switched off."""
+import gc
 import os
 import subprocess
 import sys
@@ -326,6 +327,7 @@ def test_the_c_paths_hold_no_references_and_no_memory_per_episode():
         episode, watched = loop(tape)
         for _ in range(50):
             episode()
+        gc.collect()   # cyclic garbage of earlier tests still holds registry ops, and may go at any time
         counts = [sys.getrefcount(o) for o in watched]
         tracemalloc.start()
         for _ in range(10):
@@ -335,6 +337,7 @@ def test_the_c_paths_hold_no_references_and_no_memory_per_episode():
             episode()
         grown.append(tracemalloc.get_traced_memory()[0] - base)
         tracemalloc.stop()
+        gc.collect()
         assert [sys.getrefcount(o) for o in watched] == counts
     # one leaked object per op is 12,000 objects of 32 bytes or more: 384 KB; dict resizes elsewhere are ~1 KB
     assert grown[0] <= grown[1] + 32768, f"{grown[0]} bytes more after 200 episodes ({grown[1]} on the Python paths)"

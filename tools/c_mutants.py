@@ -30,6 +30,7 @@ GPU, HANDLER = "interop/tg_gpu.c", ["tests/test_gpu_handler.py"]   # the GPU cus
 NATIVE = ["tests/test_native_reductions.py", "tests/test_tape_sweep.py", "tests/test_optim_continuity.py",
           "tests/test_fuse.py", "tests/test_native.py", "tests/test_capture_inputs.py", "tests/test_replay_paths.py"]
 INTEROP = ["tests/test_interop_edges.py", "tests/test_interop_program.py"]
+DIVISION = ["tests/test_native_division.py"]   # Adam's exact division by its bias corrections
 CT = "tapegrad/_ctape.c"   # the eager tape's C core, built into the scratch tree for each of its mutations
 TAPE = ["tests/test_ctape.py", "tests/test_tape.py", "tests/test_schedule.py", "tests/test_tape_errors.py",
         "tests/test_tape_edges.py"]
@@ -97,8 +98,22 @@ MUTATIONS = [
      "            w[i] = w[i] + t;\n        }\n        return;", NATIVE, "SGD steps uphill"),
     (RT, "        if (!p[6])\n            continue;\n        long n = (long)p[5], i0",
      "        long n = (long)p[5], i0", NATIVE, "untouched parameters are updated (PyTorch skips them)"),
-    (RT, "            t = t + re;\n            real u = m / bc1;", "            real u = m / bc1;", NATIVE,
-     "Adam (optax): eps dropped"),
+    (RT, "                    t = t + re;\n                    real u = tg_qdiv(mu[i], bc1, y1);",
+     "                    real u = tg_qdiv(mu[i], bc1, y1);", NATIVE, "Adam (optax): eps dropped"),
+    (RT, "                    t = t + re;\n                    real u = mu[i] / bc1;", "                    real u = mu[i] / bc1;",
+     DIVISION, "Adam (optax): eps dropped where a run divides"),
+    (RT, "    return x == R(0.0) ? x : q;", "    return q;", DIVISION,
+     "equivalent: GCC 12 keeps -(q·c - x) here and so the sign of a zero (the tests check it); the guard is for a "
+     "compiler that folds the negation into x - q·c, as GCC did when the corrections ran in a loop of their own"),
+    (RT, "0x1p-60 : 0x1p-900))", "0x1p-140 : 0x1p-1060))", DIVISION,
+     "exact quotient taken where its residuals underflow"),
+    (RT, "        wild |= (!(m >= TG_QLO) | !(m <= TG_QHI)) & (m != R(0.0));",
+     "        wild |= (m < TG_QLO) & (m != R(0.0));", DIVISION,
+     "exact quotient taken for infinities, NaN and overflowing quotients"),
+    (RT, "    return c >= TG_CLO && c <= R(1.0);", "    return c <= R(1.0);", DIVISION,
+     "exact quotient taken for a divisor so small that quotients overflow"),
+    (RT, " && tg_qdiv_ok(nu + s, e - s)) {", ") {", DIVISION,
+     "Adam: the fast path checks m's run but not v's"),
     (RT, "            t = RSQRT(v);\n            t = t + re;", "            t = RSQRT(v + re);", NATIVE,
      "Adam (hat): eps inside the square root"),
     (RT, "i1 = hi - off < n ? hi - off : n;", "i1 = n;", INTEROP,

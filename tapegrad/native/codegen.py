@@ -60,6 +60,8 @@ def prologue(dtype, blas_bits=32, small_mm=0):
         f"#define RSQRT sqrt{suf}",
         f"#define REXP exp{suf}",
         f"#define RLOG log{suf}",
+        f"#define RFMA fma{suf}",
+        f"#define RFABS fabs{suf}",
         "#define TG_FN static __attribute__((unused))",
         f"#define TG_FIRST {FIRST}",
         f"typedef {'long long' if blas_bits == 64 else 'int'} tg_bint;   /* the BLAS integer */",

@@ -1,7 +1,7 @@
 /* tapegrad native runtime: the generic kernels a generated program calls.
  *
  * Included verbatim after the generated prologue, which defines `real` (double or float), R(x) (a
- * literal of type real), the libm names RSQRT/REXP/RLOG, and `tg_gemm_t`/`tg_dot_t`. Every kernel
+ * literal of type real), the libm names RSQRT/REXP/RLOG/RFMA/RFABS, and `tg_gemm_t`/`tg_dot_t`. Every kernel
  * repeats the NumPy rule's arithmetic step by step (one rounding per NumPy ufunc call), and every
  * reduction follows NumPy's order: outer indices row-major into an accumulator that starts at 0,
  * the trailing contiguous reduced block summed pairwise (8 accumulators, blocks of 128).
@@ -511,6 +511,50 @@ TG_FN void tg_softmax_da(int log_, const real *g, const real *out, real *c, real
  * sc: [count, s0, s1, s2, norm, clipped]: count advances here, s* are step_scalars(count). */
 #define TG_B(i) ((real *)T[TG_FIRST + (i)])
 
+/* x / c, the very bits of the division, at the rate of fused multiply-adds: with y = 1/c rounded to
+ * nearest, q = x·y is within two ulps of x/c; a correction q + (x - c·q)·y (the residual exact by FMA)
+ * makes it faithful, and a second one rounds it correctly (Markstein's theorem: q faithful and y within
+ * half an ulp of 1/c give RN(q + (x - c·q)·y) = RN(x/c)). The residuals are exact away from underflow
+ * and overflow: for c with tg_qdiv_by(c) and a run of x with tg_qdiv_ok. ±0 is its own quotient: the
+ * compiler may turn a correction's -(q·c - x) into x - q·c, which loses the sign of a zero. Adam's bias
+ * corrections are such divisions by a per-step constant, which otherwise bind its step to the divider. */
+#define TG_QRUN 256
+#define TG_QLO ((real)(sizeof(real) == 4 ? 0x1p-60 : 0x1p-900))
+#define TG_QHI ((real)(sizeof(real) == 4 ? 0x1p60 : 0x1p900))
+#define TG_CLO ((real)(sizeof(real) == 4 ? 0x1p-30 : 0x1p-60))
+static inline real tg_qdiv(real x, real c, real y)
+{
+    real q = x * y;
+    real r = RFMA(q, c, -x);
+    q = RFMA(-r, y, q);
+    r = RFMA(q, c, -x);
+    q = RFMA(-r, y, q);
+    return x == R(0.0) ? x : q;
+}
+
+/* tg_qdiv may divide by c: c in [TG_CLO, 1], and the CPU has FMA (elsewhere fma() is a library call,
+ * slower than the divider) */
+TG_FN int tg_qdiv_by(real c)
+{
+#ifdef __FMA__
+    return c >= TG_CLO && c <= R(1.0);
+#else
+    (void)c;
+    return 0;
+#endif
+}
+
+/* tg_qdiv may divide every x[i], i < n: each is 0 or has |x| in [TG_QLO, TG_QHI] */
+TG_FN int tg_qdiv_ok(const real *x, long n)
+{
+    int wild = 0;
+    for (long i = 0; i < n; i++) {
+        real m = RFABS(x[i]);
+        wild |= (!(m >= TG_QLO) | !(m <= TG_QHI)) & (m != R(0.0));   /* no && (a branch per element) */
+    }
+    return !wild;
+}
+
 /* The update of parameter k's elements [i0, i1): SGD, or Adam in optax's or the seed's order. */
 typedef struct {
     void **T;
@@ -541,25 +585,43 @@ TG_FN void tg_upd_range(const tg_upd *up, int k, long i0, long i1)
     double b1 = up->b1, b2 = up->b2;
     real rb1 = (real)b1, rb2 = (real)b2, c1 = (real)(1.0 - b1), c2 = (real)(1.0 - b2), re = (real)up->eps;
     if (!up->hat) {
-        real nlr = (real)sc[1], bc1 = (real)sc[2], bc2 = (real)sc[3];
-        for (long i = i0; i < i1; i++) {
-            real gi = gt[i];
-            real t = c1 * gi;
-            real m = rb1 * mu[i];
-            m = t + m;
-            mu[i] = m;
-            t = gi * gi;
-            t = c2 * t;
-            real v = rb2 * nu[i];
-            v = t + v;
-            nu[i] = v;
-            t = v / bc2;
-            t = RSQRT(t);
-            t = t + re;
-            real u = m / bc1;
-            u = u / t;
-            u = nlr * u;
-            w[i] = w[i] + u;
+        real nlr = (real)sc[1], bc1 = (real)sc[2], bc2 = (real)sc[3], y1 = R(1.0) / bc1, y2 = R(1.0) / bc2;
+        int by = tg_qdiv_by(bc1) && tg_qdiv_by(bc2);
+        for (long s = i0; s < i1; s += TG_QRUN) {   /* runs: m and v, then the step */
+            long e = i1 - s < TG_QRUN ? i1 : s + TG_QRUN;
+            for (long i = s; i < e; i++) {
+                real gi = gt[i];
+                real t = c1 * gi;
+                real m = rb1 * mu[i];
+                m = t + m;
+                mu[i] = m;
+                t = gi * gi;
+                t = c2 * t;
+                real v = rb2 * nu[i];
+                v = t + v;
+                nu[i] = v;
+            }
+            if (by && tg_qdiv_ok(mu + s, e - s) && tg_qdiv_ok(nu + s, e - s)) {
+                for (long i = s; i < e; i++) {
+                    real t = tg_qdiv(nu[i], bc2, y2);
+                    t = RSQRT(t);
+                    t = t + re;
+                    real u = tg_qdiv(mu[i], bc1, y1);
+                    u = u / t;
+                    u = nlr * u;
+                    w[i] = w[i] + u;
+                }
+            } else {
+                for (long i = s; i < e; i++) {
+                    real t = nu[i] / bc2;
+                    t = RSQRT(t);
+                    t = t + re;
+                    real u = mu[i] / bc1;
+                    u = u / t;
+                    u = nlr * u;
+                    w[i] = w[i] + u;
+                }
+            }
         }
     } else {
         real lrt = (real)sc[1];

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 Slot = Union[Var, str]   # a Var of the captured episode, or a parameter's name
 
 BACKENDS = ("numpy", "native", "cupy")
+_FLOATS = (np.dtype(np.float64), np.dtype(np.float32))   # what set_input converts to the program's dtype
 
 
 def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native", "cupy"] = "numpy",
@@ -265,7 +266,7 @@ class Program:
         a = np.asarray(array)
         if op is O.data:
             return i, self._checked_data(i, a)
-        if a.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
+        if a.dtype not in _FLOATS:
             raise DTypeError(f"{at('set_input', i)}: expected float64 or float32 data for {self._label(i)} "
                              f"(program dtype {self.dtype}), got {a.dtype}; convert with .astype(np.float64)")
         if a.shape != self.shapes[i]:
@@ -274,7 +275,7 @@ class Program:
         return i, a
 
     def _put(self, i, value):
-        np.copyto(self.val[i], value, casting="unsafe")
+        self.val[i][...] = value   # converts float32 <-> float64 like np.copyto(casting="unsafe"), without its dispatch
         self.missing.discard(i)
         if self.backend == "cupy":
             self.runner.input_changed(i)
@@ -356,7 +357,7 @@ class Program:
         self.runner.episode()
         if self.backend == "cupy":
             return self.runner.loss_value()
-        return float(self.val[self.loss_id].reshape(-1)[0])
+        return self.val[self.loss_id].item()   # the loss has one element; item() gives a Python float
 
     # ── reading ──────────────────────────────────────────────────────────────
 

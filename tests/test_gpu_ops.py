@@ -260,3 +260,34 @@ def test_logsumexp_over_leading_middle_and_long_trailing_axes_equals_native():
         got.append([np.array(prog.value(y)) for y in ys] + [np.array(prog.grad(x)) for x in xs])
         rng = np.random.default_rng(12)
     assert all(np.array_equal(u, v) for u, v in zip(*got))
+
+
+def test_sums_over_axes_next_to_unit_axes_equal_native_and_the_tape():
+    """NumPy's iterator drops axes of length 1 before choosing between pairwise sums and row-by-row
+    accumulation: (4, 9, 1) summed over axis 1 is pairwise over rows of 9, and so is a gradient summed
+    back onto a (1, 1, 1) bias. The emulated device kernels, the native program and the tape agree bit
+    for bit (sum, mean, logsumexp; values and gradients)."""
+    cases = [((4, 9, 1), (1,)), ((9, 1), (0,)), ((1, 9), (1,)), ((4, 1, 9, 1), (2,)), ((2, 1, 9, 1), None),
+             ((3, 9, 1), (0, 1))]
+    got = []
+    for backend in ("tape", "native", "numpy"):
+        rng = np.random.default_rng(13)
+        tape = tg.Tape()
+        xs = [tape.param(rng.standard_normal(sh) * 10.0 ** rng.integers(-6, 6, sh)) for sh, _ in cases]
+        bias = tape.param(np.zeros((1, 1, 1)))
+        ys = [x.sum(axis=ax) for x, (_, ax) in zip(xs, cases)] + [x.mean(axis=ax) for x, (_, ax) in zip(xs, cases)]
+        ys += [tape.apply(O.OPS["logsumexp"], x, None, (ax, False)) for x, (_, ax) in zip(xs, cases) if ax]
+        ys.append(xs[0] + bias)
+        loss = None
+        for k, y in enumerate(ys):
+            term = (y * tape.const(rng.standard_normal(y.shape) * 10.0 ** rng.integers(-6, 6, y.shape))).sum()
+            loss = term if loss is None else loss + term
+        src = tape if backend == "tape" else ran(tape, loss, backend)
+        if backend == "tape":
+            tape.backward(loss)
+        got.append([np.array(src.value(y)) for y in ys] + [np.array(src.grad(v)) for v in xs + [bias]])
+    tape_, native, device = got
+    assert all(np.array_equal(u, v) for u, v in zip(native, device))
+    sums = len(cases) * 2   # sum and mean: exact tier (logsumexp is libm tier against the tape)
+    assert all(np.array_equal(u, v) for u, v in zip(tape_[:sums], native[:sums]))
+    assert all(np.array_equal(u, v) for u, v in zip(tape_[-len(xs) - 1:], native[-len(xs) - 1:]))

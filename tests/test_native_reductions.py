@@ -147,3 +147,51 @@ def test_softmax_of_large_logits_stays_finite(backend):
         assert np.all(np.isfinite(prog.value(v)))
         np.testing.assert_allclose(prog.value(v), tape.value(v), rtol=1e-14, atol=0)
     assert np.all(np.isfinite(prog.grad(a)))
+
+
+@pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")   # inf - inf: NaN on both sides
+@pytest.mark.parametrize("inner", [1, 3])
+def test_reductions_over_a_middle_axis_equal_the_tape(inner):
+    """sum, max, min and prod over axis 1 of (4, n, inner): the runtime's middle-axis path (rows
+    accumulated in order, as NumPy does along a strided or size-1-padded axis), with NaN and
+    infinities, bit for bit."""
+    tape = tg.Tape()
+    ys = []
+    for n in (1, 2, 7, 9):
+        a = wild((4, n, inner))
+        a[0, n // 2, 0] = np.nan
+        a[1, :, -1] = -np.inf
+        a[2, 0, 0] = np.inf
+        x = tape.param(a)
+        ys += [x.sum(axis=1), x.max(axis=1), tg.min(x, axis=1), tg.prod(x * 0.5, axis=1)]
+    prog = tg.capture(tape, ys[0].sum(), backend="native")
+    prog.forward()
+    for y in ys:
+        assert np.array_equal(prog.value(y), tape.value(y), equal_nan=True), y.shape
+
+
+def test_reductions_over_random_shapes_with_unit_axes_equal_the_tape():
+    """60 random reductions (ranks 1-4, axes of length 1 anywhere, one axis or several, signed zeros,
+    NaN and infinities mixed in) in one program: NumPy's iterator drops length-1 axes before choosing
+    between pairwise sums and row-by-row accumulation, and so must the runtime."""
+    rng = np.random.default_rng(7)
+    tape = tg.Tape()
+    ys = []
+    with np.errstate(invalid="ignore"):   # inf - inf in a sum: NaN on the tape and in the program alike
+        for _ in range(60):
+            shape = tuple(int(rng.choice([1, 1, 2, 3, 9, 130])) for _ in range(rng.integers(1, 5)))
+            a = wild(shape)
+            a.ravel()[rng.random(a.size) < 0.1] = -0.0
+            if a.size > 4 and rng.random() < 0.3:
+                a.ravel()[rng.integers(0, a.size, 2)] = rng.choice([np.nan, np.inf, -np.inf], 2)
+            k = rng.integers(1, len(shape) + 1)
+            axis = tuple(sorted(rng.choice(len(shape), k, replace=False).tolist()))
+            x = tape.param(a)
+            ys += [x.sum(axis=axis), x.max(axis=axis), tg.min(x, axis=axis), tg.prod(x * 0.9, axis=axis),
+                   x.mean(axis=axis)]
+    prog = tg.capture(tape, ys[0].sum(), backend="native")
+    prog.forward()
+    for y in ys:
+        got, want = prog.value(y), tape.value(y)
+        assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want)), \
+            (y, tape.value(y).shape)

@@ -219,6 +219,9 @@ def _numpy_sum(g, x, sh, s):
     axes = set(range(len(sh)) if s[0] is None else s[0])
     st = strides(sh)
     kept = [(m, t) for d, (m, t) in enumerate(zip(sh, st)) if d not in axes]
+    unit = [d for d, m in enumerate(sh) if m == 1]   # dropped, as NumPy's iterator (and tg_reduce) drop them
+    axes = {d - sum(u < d for u in unit) for d in axes if sh[d] != 1}
+    sh, st = tuple(m for m in sh if m != 1), tuple(q for m, q in zip(sh, st) if m != 1)
     t = len(sh)
     while t > 0 and t - 1 in axes:
         t -= 1

@@ -4,6 +4,8 @@ typedef double real;
 #define RSQRT sqrt
 #define REXP exp
 #define RLOG log
+#define RFMA fma
+#define RFABS fabs
 #define TG_FN static __attribute__((unused))
 #define TG_FIRST 8
 typedef int tg_bint;   /* the BLAS integer */

@@ -21,6 +21,14 @@ def wild(shape):
     return RNG.standard_normal(shape) * 10.0 ** RNG.integers(-4, 4, shape)
 
 
+def unit_shape(rng, lengths, most=3000):
+    """A random shape of rank 1-4 over ``lengths`` (length 1 among them), at most ``most`` elements."""
+    while True:
+        shape = tuple(int(rng.choice(lengths)) for _ in range(rng.integers(1, 5)))
+        if np.prod(shape) <= most:
+            return shape
+
+
 def run(tape, loss, backend, fuse=True):
     prog = tg.capture(tape, loss, backend=backend, fuse=fuse)
     prog.forward()
@@ -179,7 +187,7 @@ def test_reductions_over_random_shapes_with_unit_axes_equal_the_tape():
     ys = []
     with np.errstate(invalid="ignore"):   # inf - inf in a sum: NaN on the tape and in the program alike
         for _ in range(60):
-            shape = tuple(int(rng.choice([1, 1, 2, 3, 9, 130])) for _ in range(rng.integers(1, 5)))
+            shape = unit_shape(rng, (1, 1, 2, 3, 9, 130))
             a = wild(shape)
             a.ravel()[rng.random(a.size) < 0.1] = -0.0
             if a.size > 4 and rng.random() < 0.3:
@@ -195,3 +203,26 @@ def test_reductions_over_random_shapes_with_unit_axes_equal_the_tape():
         got, want = prog.value(y), tape.value(y)
         assert np.array_equal(got, want, equal_nan=True) and np.array_equal(np.signbit(got), np.signbit(want)), \
             (y, tape.value(y).shape)
+
+
+def test_gradients_summed_back_over_random_broadcasts_equal_the_tape():
+    """40 random broadcasts (an operand with axes of length 1 anywhere, or fewer axes) through add, mul and
+    maximum: each operand's gradient is the output gradient summed over the stretched axes, in NumPy's
+    order on the tape and in the native program alike, bit for bit."""
+    rng = np.random.default_rng(11)
+    tape = tg.Tape()
+    pairs, loss = [], None
+    for _ in range(40):
+        shape = unit_shape(rng, (1, 2, 3, 9, 130))
+        small = tuple(1 if rng.random() < 0.5 else m for m in shape)[rng.integers(0, len(shape)):]
+        x, b = tape.param(wild(shape)), tape.param(wild(small))
+        op = rng.choice(["add", "mul", "maximum"])
+        y = x + b if op == "add" else x * b if op == "mul" else tg.maximum(x, b)
+        term = (y * tape.const(wild(shape))).sum()
+        loss = term if loss is None else loss + term
+        pairs.append((shape, small, op, x, b))
+    tape.backward(loss)
+    prog = run(tape, loss, "native")
+    for shape, small, op, x, b in pairs:
+        assert np.array_equal(prog.grad(b), tape.grad(b)), (shape, small, op)
+        assert np.array_equal(prog.grad(x), tape.grad(x)), (shape, small, op)

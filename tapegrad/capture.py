@@ -275,7 +275,7 @@ class Program:
         return i, a
 
     def _put(self, i, value):
-        self.val[i][...] = value   # converts float32 <-> float64 like np.copyto(casting="unsafe"), without its dispatch
+        self.val[i][...] = value   # casts like np.copyto(casting="unsafe"), without its dispatch
         self.missing.discard(i)
         if self.backend == "cupy":
             self.runner.input_changed(i)

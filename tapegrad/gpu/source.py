@@ -250,8 +250,10 @@ class CudaProgram:
         except, with ``numpy_order``, NumPy's order (the native runtime's ``tg_reduce``): the trailing
         block of reduced axes, contiguous, summed pairwise (``tg_pw``, its blocks of 8 and 128), and those
         block sums added serially in row-major order of the other reduced axes."""
+        # axes of length 1 dropped, as NumPy's iterator (and tg_reduce) drop them: (4, 9, 1) over axis 1
+        # is a pairwise sum of rows of 9
         red = [1 if d in axes else 0 for d in range(len(shape)) if shape[d] != 1]
-        shape = [m for m in shape if m != 1]   # as NumPy's iterator (and tg_reduce): (4, 9, 1) over axis 1 sums pairwise
+        shape = [m for m in shape if m != 1]
         t = len(shape)
         while t and red[t - 1]:
             t -= 1

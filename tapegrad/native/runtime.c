@@ -1,8 +1,8 @@
 /* tapegrad native runtime: the generic kernels a generated program calls.
  *
  * Included verbatim after the generated prologue, which defines `real` (double or float), R(x) (a
- * literal of type real), the libm names RSQRT/REXP/RLOG/RFMA/RFABS, and `tg_gemm_t`/`tg_dot_t`. Every kernel
- * repeats the NumPy rule's arithmetic step by step (one rounding per NumPy ufunc call), and every
+ * literal of type real), the libm names RSQRT/REXP/RLOG/RFMA/RFABS, and `tg_gemm_t`/`tg_dot_t`. Every
+ * kernel repeats the NumPy rule's arithmetic step by step (one rounding per NumPy ufunc call), and every
  * reduction follows NumPy's order: outer indices row-major into an accumulator that starts at 0,
  * the trailing contiguous reduced block summed pairwise (8 accumulators, blocks of 128).
  */
@@ -41,11 +41,6 @@ TG_FN real tg_pairwise(const real *a, long n)
     return tg_pairwise(a, n2) + tg_pairwise(a + n2, n - n2);
 }
 
-/* out = Σ of x (shape[nd], C-contiguous) over the axes with red[k] = 1; out is the kept-axes array.
- * mode 0: sum; mode 1: max, mode 2: min (NaN propagates); mode 3: product (sequential, as NumPy's multiply
- * reduction, which is not pairwise). When the last axis is kept, each row of the trailing kept
- * block is added into out element by element (NumPy's inner loop; vectorisable, still one ordered chain
- * per output element); when it is reduced, the trailing reduced block is summed pairwise. */
 /* tg_reduce over the middle axis of (outer, n, inner), in its order (each out[o, i] accumulates
  * x[o, j, i] for j = 0, 1, …) without its per-element index arithmetic: a softmax's row maxima and sums. */
 TG_FN void tg_reduce_mid(int mode, const real *x, real *out, long outer, long n, long inner)
@@ -68,10 +63,17 @@ TG_FN void tg_reduce_mid(int mode, const real *x, real *out, long outer, long n,
     }
 }
 
+/* out = Σ of x (shape[nd], C-contiguous) over the axes with red[k] = 1; out is the kept-axes array.
+ * mode 0: sum; mode 1: max, mode 2: min (NaN propagates); mode 3: product (sequential, as NumPy's multiply
+ * reduction, which is not pairwise). When the last axis is kept, each row of the trailing kept
+ * block is added into out element by element (NumPy's inner loop; vectorisable, still one ordered chain
+ * per output element); when it is reduced, the trailing reduced block is summed pairwise. */
 TG_FN void tg_reduce(int mode, const real *x, real *out, int nd0, const long *shape0, const unsigned char *red0)
 {
-    long shape[TG_MAXD];   /* axes of length 1 dropped, as NumPy's iterator drops them: (4, 9, 1) summed */
-    unsigned char red[TG_MAXD];   /* over axis 1 is a pairwise sum of rows of 9, like (4, 9) over axis 1 */
+    /* NumPy's iterator drops axes of length 1 before it picks an order: (4, 9, 1) summed over axis 1
+     * is pairwise over rows of 9, like (4, 9) over axis 1 */
+    long shape[TG_MAXD];
+    unsigned char red[TG_MAXD];
     int nd = 0;
     for (int k = 0; k < nd0; k++)
         if (shape0[k] != 1) {

@@ -279,7 +279,7 @@ def test_sums_over_axes_next_to_unit_axes_equal_native_and_the_tape():
         ys += [tape.apply(O.OPS["logsumexp"], x, None, (ax, False)) for x, (_, ax) in zip(xs, cases) if ax]
         ys.append(xs[0] + bias)
         loss = None
-        for k, y in enumerate(ys):
+        for y in ys:
             term = (y * tape.const(rng.standard_normal(y.shape) * 10.0 ** rng.integers(-6, 6, y.shape))).sum()
             loss = term if loss is None else loss + term
         src = tape if backend == "tape" else ran(tape, loss, backend)

@@ -160,9 +160,9 @@ def test_softmax_of_large_logits_stays_finite(backend):
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")   # inf - inf: NaN on both sides
 @pytest.mark.parametrize("inner", [1, 3])
 def test_reductions_over_a_middle_axis_equal_the_tape(inner):
-    """sum, max, min and prod over axis 1 of (4, n, inner): the runtime's middle-axis path (rows
-    accumulated in order, as NumPy does along a strided or size-1-padded axis), with NaN and
-    infinities, bit for bit."""
+    """sum, max, min and prod over axis 1 of (4, n, inner), with NaN and infinities, bit for bit: rows
+    accumulated in order along a strided axis (inner 3), pairwise along an axis padded by one of length 1
+    (inner 1), as NumPy does."""
     tape = tg.Tape()
     ys = []
     for n in (1, 2, 7, 9):

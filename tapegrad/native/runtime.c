@@ -41,28 +41,6 @@ TG_FN real tg_pairwise(const real *a, long n)
     return tg_pairwise(a, n2) + tg_pairwise(a + n2, n - n2);
 }
 
-/* tg_reduce over the middle axis of (outer, n, inner), in its order (each out[o, i] accumulates
- * x[o, j, i] for j = 0, 1, …) without its per-element index arithmetic: a softmax's row maxima and sums. */
-TG_FN void tg_reduce_mid(int mode, const real *x, real *out, long outer, long n, long inner)
-{
-    for (long o = 0; o < outer; o++) {
-        real *restrict dst = out + o * inner;
-        for (long i = 0; i < inner; i++)
-            dst[i] = mode == 0 ? R(0.0) : mode == 1 ? -INFINITY : mode == 2 ? INFINITY : R(1.0);
-        for (long j = 0; j < n; j++) {
-            const real *restrict src = x + (o * n + j) * inner;
-            for (long i = 0; i < inner; i++) {
-                if (mode == 0)
-                    dst[i] = dst[i] + src[i];
-                else if (mode == 3)
-                    dst[i] = dst[i] * src[i];
-                else if (dst[i] == dst[i] && ((mode == 1 ? src[i] > dst[i] : src[i] < dst[i]) || src[i] != src[i]))
-                    dst[i] = src[i];
-            }
-        }
-    }
-}
-
 /* out = Σ of x (shape[nd], C-contiguous) over the axes with red[k] = 1; out is the kept-axes array.
  * mode 0: sum; mode 1: max, mode 2: min (NaN propagates); mode 3: product (sequential, as NumPy's multiply
  * reduction, which is not pairwise). When the last axis is kept, each row of the trailing kept
@@ -80,10 +58,6 @@ TG_FN void tg_reduce(int mode, const real *x, real *out, int nd0, const long *sh
             shape[nd] = shape0[k];
             red[nd++] = red0[k];
         }
-    if (nd == 3 && !red[0] && red[1] && !red[2]) {
-        tg_reduce_mid(mode, x, out, shape[0], shape[1], shape[2]);
-        return;
-    }
     long inner = 1, run = 1, nout = 1;
     int t = nd;
     while (t > 0 && red[t - 1]) {

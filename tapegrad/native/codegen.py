@@ -20,7 +20,7 @@ import re
 
 from ..errors import TapeError, at
 from . import kernels
-from .expr import dialect, parse
+from .expr import branch_names, dialect, parse
 
 FIRST = 8
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -156,7 +156,7 @@ class Emitter:
             c = p.third[k]
             env = {"a": self.operand(a, os_, inrun), "b": self.operand(b, os_, inrun) if b >= 0 else None,
                    "c": self.operand(c, os_, inrun) if c >= 0 else None}
-            e = self.d.render(expr_of(op, "c_fwd"), env, s)
+            e = self.d.render(expr_of(op, "c_fwd"), self.loads(expr_of(op, "c_fwd"), env, stmts), s)
             if fused:
                 stmts.append(f"const real t{k} = {e};")
                 stmts.append(f"v{k}[i] = t{k};")
@@ -164,6 +164,29 @@ class Emitter:
             else:
                 stmts.append(f"v{k}[i] = {e};")
         return self.kernel(f"tg_f{seg[0]}", os_, stmts)
+
+    def loads(self, e, env, stmts):
+        """Read the operands that ``e`` reads inside a branch of a ``?:`` into locals, appending their
+        declarations to ``stmts``; returns the environment that names those locals.
+
+        An element read only in a taken branch is a conditional load, which the vectoriser turns into
+        a masked vector load; GCC 11 and 12 at -O3 with AVX2 pick the wrong mask for those when a byte
+        mask widens to doubles and broadcasts over an outer loop (224 of 512 elements of a ``where``
+        gradient wrong; tests/test_codegen_compilers.py keeps the reduced kernel). Loaded first, the
+        select is a blend of values, which every compiler gets right and which runs as fast. Declared
+        right before the statement that reads them, so a gradient written earlier in the same
+        iteration is read after that write, as unfused code would.
+        """
+        out = dict(env)
+        for name in sorted(branch_names(e)):
+            ref = env.get(name)
+            if ref is None or "[" not in ref:
+                continue
+            local = f"{name}_{len(stmts)}"
+            ctype = self.ctype(ref.split("[")[0]).replace("const ", "")
+            stmts.append(f"const {ctype} {local} = {ref};")
+            out[name] = local
+        return out
 
     def operand(self, x, os_, inrun):
         xs = self.p.shapes[x]
@@ -293,11 +316,13 @@ class Emitter:
             for to, first, j, field, scr in ((ta, fa, a, "c_da", 0), (tb, fb, b, "c_db", 1)):
                 if not to:
                     continue
-                e = self.d.render(expr_of(op, field), env, s)
+                if self.d.render(expr_of(op, field), env, s) == f"g{k}[i]" and p.shapes[j] != os_:
+                    # a broadcast input receiving g itself: reduce g directly
+                    after += self.unbroadcast(f"g{k}", os_, j, first)
+                    continue
+                e = self.d.render(expr_of(op, field), self.loads(expr_of(op, field), env, stmts), s)
                 if p.shapes[j] == os_:
                     stmts.append(f"g{j}[i] = {e};" if first else f"g{j}[i] = g{j}[i] + ({e});")
-                elif e == f"g{k}[i]":   # a broadcast input receiving g itself: reduce g directly
-                    after += self.unbroadcast(f"g{k}", os_, j, first)
                 else:   # a broadcast input: the out-shaped contribution, then NumPy's reduction
                     stmts.append(f"S{scr}[i] = {e};")
                     after += self.unbroadcast(f"S{scr}", os_, j, first)

@@ -131,6 +131,23 @@ def names(e):
     return out
 
 
+def branch_names(e):
+    """The operand names read inside a branch of a ``?:`` (a compiler may load those conditionally).
+
+    >>> sorted(branch_names(parse("c ? a : b"))), sorted(branch_names(parse("g * (a > 0.0 ? 1.0 : 0.0)")))
+    (['a', 'b'], [])
+    """
+    if e[0] in ("num", "var"):
+        return set()
+    if e[0] == "tern":
+        return names(e[2]) | names(e[3]) | branch_names(e[1])
+    kids = e[2] if e[0] == "call" else e[2:] if e[0] == "bin" else e[1:]
+    out = set()
+    for k in kids:
+        out |= branch_names(k)
+    return out
+
+
 def calls(e):
     """The functions an expression calls."""
     if e[0] in ("num", "var"):

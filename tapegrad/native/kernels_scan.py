@@ -80,7 +80,7 @@ def logsumexp_fwd(n):
     size, osize = math.prod(n.ash), math.prod(n.osh)
     zero = n.d.lit(0.0)
     lines = n.em.reduce(1, n.A, "S1", n.ash, red)
-    lines.append(_loop(osize, f"S1[i] = isfinite(S1[i]) ? S1[i] : {zero};"))
+    lines.append(_loop(osize, f"{{ const real r = S1[i]; S1[i] = isfinite(r) ? r : {zero}; }}"))
     lines += n.em.gather("S2", "S1", n.ash, bstrides(keep(n.ash, n.s), n.ash))
     lines.append(_loop(size, f"S2[i] = REXP({n.A}[i] - S2[i]);"))
     lines += n.em.reduce(0, "S2", n.V, n.ash, red)

@@ -5,6 +5,11 @@
  * kernel repeats the NumPy rule's arithmetic step by step (one rounding per NumPy ufunc call), and every
  * reduction follows NumPy's order: outer indices row-major into an accumulator that starts at 0,
  * the trailing contiguous reduced block summed pairwise (8 accumulators, blocks of 128).
+ *
+ * Inside loops no element is loaded under a condition: both sides of a select are read first (an
+ * index that may point at padding is clamped to a valid element), so the vectoriser emits blends of
+ * loaded values and never masked loads or stores, which GCC 11 and 12 get wrong at -O3 with AVX2
+ * (tests/test_codegen_compilers.py).
  */
 #include <math.h>
 #include <pthread.h>
@@ -96,13 +101,15 @@ TG_FN void tg_reduce(int mode, const real *x, real *out, int nd0, const long *sh
                 for (long j = 0; j < run; j++)
                     dst[j] = dst[j] + src[j];
             } else if (mode == 1) {
-                for (long j = 0; j < run; j++)
-                    if (dst[j] == dst[j] && (src[j] > dst[j] || src[j] != src[j]))
-                        dst[j] = src[j];
+                for (long j = 0; j < run; j++) {
+                    const real d = dst[j], v = src[j];
+                    dst[j] = (d == d && (v > d || v != v)) ? v : d;
+                }
             } else if (mode == 2) {
-                for (long j = 0; j < run; j++)
-                    if (dst[j] == dst[j] && (src[j] < dst[j] || src[j] != src[j]))
-                        dst[j] = src[j];
+                for (long j = 0; j < run; j++) {
+                    const real d = dst[j], v = src[j];
+                    dst[j] = (d == d && (v < d || v != v)) ? v : d;
+                }
             } else {
                 for (long j = 0; j < run; j++)
                     dst[j] = dst[j] * src[j];
@@ -118,9 +125,10 @@ TG_FN void tg_reduce(int mode, const real *x, real *out, int nd0, const long *sh
                 out[o] = m;
             } else {
                 real m = out[o];
-                for (long i = 0; i < inner; i++)
-                    if (m == m && ((mode == 1 ? p[i] > m : p[i] < m) || p[i] != p[i]))
-                        m = p[i];
+                for (long i = 0; i < inner; i++) {
+                    const real v = p[i];
+                    m = (m == m && ((mode == 1 ? v > m : v < m) || v != v)) ? v : m;
+                }
                 out[o] = m;
             }
             p += inner;
@@ -160,7 +168,8 @@ TG_FN void tg_scatter(real *dst, const long *dstr, const real *src, int nd, cons
         n *= shape[k];
     long o = 0;
     for (long i = 0; i < n; i++) {
-        dst[o] = first ? src[i] : dst[o] + src[i];
+        const real s = src[i], d = dst[o];
+        dst[o] = first ? s : d + s;
         for (int k = nd - 1; k >= 0; k--) {
             o += dstr[k];
             if (++idx[k] < shape[k])

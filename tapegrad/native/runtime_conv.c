@@ -104,8 +104,10 @@ TG_FN void tg_im2col(const long *cv, const long *tab, const real *restrict x, re
                     for (long n = 0; n < q.n; n++) {
                         real *restrict dst = cols + ((c * q.kk + kk) * q.n + n) * q.p + r * q.ol;
                         const real *restrict src = x + (n * q.c + c) * q.isp + (b < 0 ? 0 : b);
-                        for (long m = 0; m < q.ol; m++)
-                            dst[m] = (b < 0 || tl[m] < 0) ? R(0.0) : src[tl[m]];
+                        for (long m = 0; m < q.ol; m++) {
+                            const real v = src[tl[m] < 0 ? 0 : tl[m]];   /* padding reads a valid element */
+                            dst[m] = (b < 0 || tl[m] < 0) ? R(0.0) : v;
+                        }
                     }
             } else {
                 for (long g = 0; g < q.g; g++)
@@ -203,13 +205,23 @@ TG_FN void tg_pool(int mode, const long *cv, const long *tab, const real *restri
             real *restrict o = out + r * q.ol;
             if (mode == 0) {
                 for (long m = 0; m < q.ol; m++) {
-                    real v = (b < 0 || tl[m] < 0) ? R(0.0) : src[tl[m]];
-                    o[m] = kk == 0 ? v : o[m] + v;
+                    const real x = src[tl[m] < 0 ? 0 : tl[m]];
+                    const real v = (b < 0 || tl[m] < 0) ? R(0.0) : x;
+                    if (kk == 0)
+                        o[m] = v;
+                    else
+                        o[m] = o[m] + v;
                 }
             } else if (mode == 1) {
                 for (long m = 0; m < q.ol; m++) {
-                    real v = (b < 0 || tl[m] < 0) ? -INFINITY : src[tl[m]];
-                    o[m] = kk == 0 ? v : (o[m] > v ? o[m] : (o[m] != o[m] ? o[m] : v));
+                    const real x = src[tl[m] < 0 ? 0 : tl[m]];
+                    const real v = (b < 0 || tl[m] < 0) ? -INFINITY : x;
+                    if (kk == 0) {
+                        o[m] = v;
+                    } else {
+                        const real w = o[m];
+                        o[m] = w > v ? w : (w != w ? w : v);
+                    }
                 }
             } else if (mode == 2) {
                 /* ties make branches unpredictable: rows without padding take a branch-free loop */
@@ -224,7 +236,8 @@ TG_FN void tg_pool(int mode, const long *cv, const long *tab, const real *restri
                 } else {
                     for (long m = 0; m < q.ol; m++) {
                         int ok = b >= 0 && tl[m] >= 0;
-                        real v = ok ? src[tl[m]] : -INFINITY;
+                        const real x = src[tl[m] < 0 ? 0 : tl[m]];
+                        const real v = ok ? x : -INFINITY;
                         a[m] = ((a[m] == R(-1.0)) & (v == mx[m])) ? (ok ? (real)(b + tl[m]) : R(-2.0)) : a[m];
                     }
                 }

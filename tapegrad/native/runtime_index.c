@@ -94,7 +94,10 @@ TG_FN void tg_take_winners(real *out, const real *g, const long long *idx, long 
         mark[j] = R(1.0);
         for (long o = 0; o < outer; o++)
             for (long i = 0; i < inner; i++)
-                out[(o * nq + q) * inner + i] = win ? g[(o * n + j) * inner + i] : R(0.0);
+            {
+                const real x = g[(o * n + j) * inner + i];
+                out[(o * nq + q) * inner + i] = win ? x : R(0.0);
+            }
     }
 }
 

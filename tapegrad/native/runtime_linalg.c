@@ -19,7 +19,10 @@ TG_FN void tg_la_symlower(const real *a, real *w, long n)
 {
     for (long i = 0; i < n; i++)
         for (long j = 0; j < n; j++)
-            w[i * n + j] = j <= i ? (a[i * n + j] + a[j * n + i]) * R(0.5) : R(0.0);
+        {
+            const real s = (a[i * n + j] + a[j * n + i]) * R(0.5);
+            w[i * n + j] = j <= i ? s : R(0.0);
+        }
 }
 
 TG_FN long tg_la_potrf(void **T, real *w, long n)
@@ -110,7 +113,10 @@ TG_FN void tg_cholesky_da(void **T, const real *L, const real *g, real *c, long 
         const real *l = L + q * n * n;
         real *m = c + q * n * n;
         for (long i = 0; i < n * n; i++)
-            m[i] = (i % n) > (i / n) ? R(0.0) : g[q * n * n + i];
+        {
+            const real x = g[q * n * n + i];
+            m[i] = (i % n) > (i / n) ? R(0.0) : x;
+        }
         tg_la_tri(T, TG_TRMM, 1, 1, 1, 0, l, m, n, n, n);
         for (long i = 0; i < n; i++) {
             for (long j = i + 1; j < n; j++)

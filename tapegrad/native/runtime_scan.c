@@ -88,8 +88,13 @@ TG_FN void tg_argsort(const real *x, long inner, long m, real *idx, real *tmp)
         for (long lo = 0; lo < m; lo += 2 * w) {
             const long mid = lo + w < m ? lo + w : m, hi = lo + 2 * w < m ? lo + 2 * w : m;
             long i = lo, j = mid, k = lo;
-            while (i < mid && j < hi)
-                dst[k++] = tg_before(x[(long)src[j] * inner], x[(long)src[i] * inner]) ? src[j++] : src[i++];
+            while (i < mid && j < hi) {
+                const real sj = src[j], si = src[i];
+                const int t = tg_before(x[(long)sj * inner], x[(long)si * inner]);
+                dst[k++] = t ? sj : si;
+                j += t;
+                i += 1 - t;
+            }
             while (i < mid)
                 dst[k++] = src[i++];
             while (j < hi)

@@ -282,13 +282,20 @@ def within_blas(got, want, k=16):
     return bool(np.all(np.abs(got - want) <= tol))
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_small_cnn_training_replays_natively(layout):
+def test_small_cnn_training_replays_natively(layout, monkeypatch):
     """Three Adam episodes: NumPy replay == tape; native fused == unfused; native vs tape: == with an
-    exact loss (mse: conv GEMMs are NumPy's own BLAS calls, pooling and the rest IEEE-exact), within
-    1e-12 with softmax cross-entropy (libm tier)."""
+    exact loss and every product in BLAS (mse, TAPEGRAD_SMALL_GEMM=0: the conv GEMMs are NumPy's own
+    dgemm calls, pooling and the rest IEEE-exact), within 1e-12 with softmax cross-entropy (libm tier)
+    and the default threshold, where small products take the program's own kernel (blas tier: its
+    rounding matches no particular BLAS kernel family)."""
     init, data = cnn_init(layout), [cnn_data(layout, seed=s) for s in range(3)]
     for loss in ("mse", "xent"):
+        if loss == "mse":
+            monkeypatch.setenv("TAPEGRAD_SMALL_GEMM", "0")
+        else:
+            monkeypatch.delenv("TAPEGRAD_SMALL_GEMM", raising=False)
         want = None
         runs = {}
         for backend, fuse in (("eager", None), ("numpy", True), ("native", False), ("native", True)):
@@ -328,22 +335,30 @@ def test_small_cnn_training_replays_natively(layout):
             assert all(rel(a, b) <= 1e-12 for a, b in zip(p1, want[1]))
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("xs,ws,kw", [SWEEP[3], SWEEP[5], SWEEP[7], SWEEP[8]], ids=["nchw", "groups", "nhwc", "nhwc-groups"])
-def test_native_conv_equals_the_tape_where_numpy_takes_its_gemm_path(xs, ws, kw):
-    """Every GEMM of these convolutions has all dimensions > 1, so NumPy calls dgemm with the very
-    arguments the native program passes: values and both gradients are bit-identical."""
+def test_native_conv_equals_the_tape_where_numpy_takes_its_gemm_path(xs, ws, kw, monkeypatch):
+    """Every GEMM of these convolutions has all dimensions > 1, so NumPy calls dgemm: with every product
+    sent to BLAS (TAPEGRAD_SMALL_GEMM=0) the native program passes dgemm the very same arguments, and
+    values and both gradients are bit-identical on any BLAS kernel family. With the default threshold
+    these small products take the program's own kernel: within the blas tier's bound."""
     rng = np.random.default_rng(2)
     tape = tg.Tape()
     vx, vw = tape.param(rng.standard_normal(xs)), tape.param(rng.standard_normal(ws))
     y = tg.conv(vx, vw, **kw)
     loss = (y * tape.const(rng.standard_normal(y.shape))).sum()
     tape.backward(loss)
-    prog = tg.capture(tape, loss, backend="native")
-    prog.forward()
-    prog.backward()
-    assert np.array_equal(prog.value(y), tape.value(y))
-    assert np.array_equal(prog.grad(vx), tape.grad(vx))
-    assert np.array_equal(prog.grad(vw), tape.grad(vw))
+    for small, same in (("0", np.array_equal), (None, within_blas)):
+        if small is None:
+            monkeypatch.delenv("TAPEGRAD_SMALL_GEMM", raising=False)
+        else:
+            monkeypatch.setenv("TAPEGRAD_SMALL_GEMM", small)
+        prog = tg.capture(tape, loss, backend="native")
+        prog.forward()
+        prog.backward()
+        assert same(prog.value(y), tape.value(y)), small
+        assert same(prog.grad(vx), tape.grad(vx)), small
+        assert same(prog.grad(vw), tape.grad(vw)), small
 
 
 def test_the_readme_cnn_example_trains():

@@ -21,6 +21,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -37,15 +38,28 @@ log.addHandler(logging.NullHandler())   # silent unless the application configur
 # 1.3-1.6x faster episodes on the tiny/small MLPs (the Adam step 3-4x). Still IEEE: no -ffast-math, so
 # GCC never reassociates a floating-point sum, and -ffp-contract=off forbids FMA contraction; the
 # bit-exactness tests check it. -march=native makes the library CPU-specific: the CPU is in the key.
+# $TAPEGRAD_MARCH replaces "native" (e.g. x86-64-v2, to build for a cluster's oldest CPU).
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-std=c11",
          "-Wall", "-Wextra")
 ENV = "TAPEGRAD_CACHE"
 TIMEOUT_ENV, MAX_ENV, WERROR_ENV = "TAPEGRAD_CC_TIMEOUT", "TAPEGRAD_CACHE_MAX_MB", "TAPEGRAD_WERROR"
+MARCH_ENV = "TAPEGRAD_MARCH"
+
+
+def march() -> str:
+    """The ``-march`` target: ``$TAPEGRAD_MARCH``, else ``native``; BuildError for a value that is not one word."""
+    m = os.environ.get(MARCH_ENV) or "native"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", m):
+        raise BuildError(f"native backend: ${MARCH_ENV} must name one -march target (e.g. native, x86-64-v2, "
+                         f"x86-64-v3, znver3), got {m!r}")
+    return m
 
 
 def flags() -> tuple:
-    """The compiler flags: ``FLAGS``, plus ``-Werror`` when ``TAPEGRAD_WERROR=1`` (tests and CI)."""
-    return FLAGS + (("-Werror",) if os.environ.get(WERROR_ENV) == "1" else ())
+    """The compiler flags: ``FLAGS`` with ``-march=$TAPEGRAD_MARCH``, plus ``-Werror`` when
+    ``TAPEGRAD_WERROR=1`` (tests and CI)."""
+    base = tuple(f"-march={march()}" if f == "-march=native" else f for f in FLAGS)
+    return base + (("-Werror",) if os.environ.get(WERROR_ENV) == "1" else ())
 
 
 def _env_number(name, default):

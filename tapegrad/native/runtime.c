@@ -213,9 +213,14 @@ TG_FN void tg_fill(real *p, long n, real v)
 #define TG_CONTRACT
 #endif
 #define TG_MM_PANEL 16384   /* largest k·n of a transposed B this path copies (128 KiB of doubles) */
-#define TG_VW ((int)(32 / sizeof(real)))
-typedef real tg_vr __attribute__((vector_size(32)));
-typedef real tg_vh __attribute__((vector_size(16)));
+#if defined(__AVX__)   /* 32-byte vectors; without AVX (x86-64-v2, other CPUs) 16, the widest there */
+#define TG_VBYTES 32
+#else
+#define TG_VBYTES 16
+#endif
+#define TG_VW ((int)(TG_VBYTES / sizeof(real)))
+typedef real tg_vr __attribute__((vector_size(TG_VBYTES)));
+typedef real tg_vh __attribute__((vector_size(TG_VBYTES / 2)));
 
 static inline tg_vr tg_vload(const real *p)
 {

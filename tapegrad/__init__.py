@@ -11,7 +11,7 @@ from . import emit, ops
 from .capture import Program, capture
 from .checkpoint import load, save
 from .errors import (ArgumentError, BuildError, CheckpointError, ConfigError, DomainError, DTypeError,
-                     ForeignVarError, LazyValueError, NonFiniteError, ShapeError, TapeError)
+                     ForeignVarError, LazyValueError, NonFiniteError, ShapeError, TapeError, VerificationError)
 from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log_softmax, matmul, max,
                          maximum, mean, mse, mul, neg, power, relu, reshape, sigmoid, softmax,
                          softmax_cross_entropy, sqrt, square, sub, sum, tanh, transpose)

@@ -50,7 +50,7 @@ _FLOATS = (np.dtype(np.float64), np.dtype(np.float32))   # what set_input conver
 
 def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native", "cupy"] = "numpy",
             dtype: DTypeLike = "float64", fuse: Union[bool, Literal["libm"]] = True,
-            ordered: Optional[bool] = None) -> Program:
+            ordered: Optional[bool] = None, verify: bool = True) -> Program:
     """Freeze the tape's episode ``[0, len(tape))`` with ``loss`` as the backward seed into a Program.
 
     ``backend``: "numpy" (the reference replay, bit-identical to the tape) or "native" (generated C
@@ -61,6 +61,12 @@ def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native", "cupy"] =
     ``ordered``: run matmul and sums in ordered mode (``tapegrad.ordered``: serial index-order sums, no
     FMA), so every backend reproduces an ordered tape bit for bit; default: the tape's own mode.
     "cupy" runs the program's CUDA source on an NVIDIA GPU (``tapegrad.gpu``; needs CuPy and a device).
+    ``verify``: (native, cupy) check the compiled program against the NumPy reference on its first run
+    (``tapegrad.verify``): here, when every input has a value, else on the first forward/backward/episode;
+    and the first optimizer step after each ``attach``. Each node's value and gradient is recomputed by
+    the NumPy rules from the program's own inputs and compared within the op's tier; a difference raises
+    ``tapegrad.VerificationError`` naming the node (capture returns no program; a failed step is undone).
+    ``verify=False`` skips it (ignored for "numpy", the reference itself).
 
     Exactness: the NumPy replay is bit-identical to the eager tape (same rules, same order). The native
     replay is bit-identical for the registry's "exact" and "order" ops (its reductions follow NumPy's
@@ -72,7 +78,10 @@ def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native", "cupy"] =
     if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise DTypeError(f"capture: dtype must be float64 or float32, got {dt}")
     ordered = getattr(tape, "ordered", False) if ordered is None else bool(ordered)
-    return Program(tape, loss, backend, dt, fuse if fuse == "libm" else bool(fuse), ordered)
+    prog = Program(tape, loss, backend, dt, fuse if fuse == "libm" else bool(fuse), ordered)
+    if verify and backend != "numpy":
+        prog._arm_verification()
+    return prog
 
 
 class _Opt:
@@ -115,6 +124,9 @@ class Program:
     values with ``set_input``; ``forward``/``backward``/``step``/``episode`` run the backend;
     ``value``/``grad``/``loss`` read results as read-only views (no copies) that the next run
     overwrites. A program owns one set of buffers: run it from one thread at a time.
+
+    ``verified``: what verification on first run has checked so far (``"values"``, ``"gradients"``,
+    ``"step"``; empty for ``verify=False`` and for "numpy", the reference itself).
     """
 
     def __init__(self, tape, loss, backend, dtype, fuse, ordered=False):
@@ -179,6 +191,10 @@ class Program:
                 self.grads[k] = view
         self._zeros = {}
         self.opt = None
+        # verification on first run (tapegrad.verify): what is still to check, and what has been
+        self.verify = False
+        self._unverified = self._unverified_step = False
+        self.verified: set[str] = set()
         if backend == "numpy":
             from .replay import NumpyRunner
             self.runner = NumpyRunner(self)
@@ -221,6 +237,29 @@ class Program:
         self.reached = reached
         self.sched = sched
         self.reached_params = {k for k in self.params if k in reached}
+
+    def _arm_verification(self):
+        """Check the first run against the NumPy reference: now if every input has a value."""
+        self.verify = self._unverified = True
+        if not self.missing:
+            self._first_run()
+
+    def _first_run(self):
+        """The backend's forward and backward, checked node by node (raises VerificationError)."""
+        from .verify import check_run
+        check_run(self)
+        self._unverified = False
+        self.verified |= {"values", "gradients"}
+
+    def _run_step(self, run):
+        """``run`` (the runner's step or episode), its first time after ``attach`` checked."""
+        if not self._unverified_step:
+            run()
+            return
+        from .verify import checked_step
+        checked_step(self, run)
+        self._unverified_step = False
+        self.verified.add("step")
 
     # ── slots ────────────────────────────────────────────────────────────────
 
@@ -313,13 +352,19 @@ class Program:
     def forward(self) -> np.ndarray:
         """Recompute every node's value; returns the loss (a read-only 0-d/1-element view)."""
         self._ready("forward")
-        self.runner.forward()
+        if self._unverified:
+            self._first_run()   # forward and backward
+        else:
+            self.runner.forward()
         return self.loss()
 
     def backward(self) -> None:
         """Gradients of the loss w.r.t. every reached node (overwritten, as one tape backward per episode)."""
         self._ready("backward")
-        self.runner.backward()
+        if self._unverified:
+            self._first_run()
+        else:
+            self.runner.backward()
 
     def attach(self, optimizer: Optimizer) -> None:
         """Run ``optimizer``'s update inside the program: its configuration and state are copied in.
@@ -335,6 +380,7 @@ class Program:
             self._slot(v, "attach")
         self.opt = _Opt(optimizer, self)
         self.runner.attached()
+        self._unverified_step = self.verify
         for hook in self.__dict__.get("_attach_hooks", ()):   # e.g. interop re-points its FFI table entry
             hook(self)
 
@@ -342,7 +388,7 @@ class Program:
         """One optimizer update of the program's parameters from the program's gradients."""
         if self.opt is None:
             raise TapeError("step: no optimizer attached; call program.attach(optimizer) first")
-        self.runner.step()
+        self._run_step(self.runner.step)
 
     def episode(self, inputs: Optional[Mapping[Var, ArrayLike]] = None) -> float:
         """Set ``inputs`` ({Var: array}), then forward + backward (+ step when attached) in one backend call.
@@ -354,7 +400,12 @@ class Program:
             for i, value in [self._input(var, array) for var, array in inputs.items()]:
                 self._put(i, value)
         self._ready("episode")
-        self.runner.episode()
+        if self._unverified:
+            self._first_run()
+        if self.opt is not None and self._unverified_step:
+            self._run_step(self.runner.episode)
+        else:
+            self.runner.episode()
         if self.backend == "cupy":
             return self.runner.loss_value()
         return self.val[self.loss_id].item()   # the loss has one element; item() gives a Python float
@@ -474,6 +525,8 @@ class Program:
         """Raw pointers for a C caller (native backend only); see ``tapegrad.native.runner``."""
         if self.backend != "native":
             raise TapeError("native_abi: only a native program has one (capture with backend='native')")
+        if self._unverified and not self.missing:
+            self._first_run()   # a C caller's runs bypass the program's own first-run check
         return self.runner.abi()
 
     def __repr__(self):

@@ -45,6 +45,11 @@ class ConfigError(TapeError, ValueError):
     """A setting outside its valid range (e.g. Adam's ``b1 >= 1``, a negative learning rate)."""
 
 
+class VerificationError(TapeError, RuntimeError):
+    """A compiled program (native or cupy) whose first run differs from the NumPy reference beyond an op's
+    exactness tier (``capture(..., verify=True)``, see ``tapegrad.verify``): the program refuses to run."""
+
+
 def at(op: str, node: int) -> str:
     """The message prefix ``op (node i)`` every error starts with."""
     return f"{op} (node {node})"

@@ -140,14 +140,17 @@ class NumpyRunner:
         else:
             np.add(buf, c, out=buf)
 
-    def step(self):
-        """One optimizer step with the optimizer module's own update functions (``Optimizer.step``)."""
+    def step(self, norm=None):
+        """One optimizer step with the optimizer module's own update functions (``Optimizer.step``).
+
+        ``norm``: the global gradient norm to clip with instead of computing it (``tapegrad.verify``
+        passes a compiled program's own norm, which it checked within the norm's bound)."""
         p = self.p
         o = p.opt
         o.count += 1
         sc = o.conf.step_scalars(o.count)
         if o.whole and all(o.touched):
-            return self._step_slab(o, sc)
+            return self._step_slab(o, sc, norm)
         if self.opt_bufs is None:
             self.opt_bufs = [tuple(aligned_empty(p.shapes[i], p.dtype) for _ in range(3)) for i in o.ids]
         work = []
@@ -162,10 +165,11 @@ class NumpyRunner:
                 np.copyto(gt, g)
             work.append((k, w, gt, t, u))
         if o.clip is not None and work:
-            total = 0.0
-            for _, _, gt, _, _ in work:
-                total += sq_norm(gt)
-            norm = math.sqrt(total)
+            if norm is None:
+                total = 0.0
+                for _, _, gt, _, _ in work:
+                    total += sq_norm(gt)
+                norm = math.sqrt(total)
             if clips(norm, o.clip, o.clip_mode):
                 for _, _, gt, _, _ in work:
                     clip_scale(gt, norm, o.clip, o.clip_mode, gt)
@@ -177,7 +181,7 @@ class NumpyRunner:
             for k, w, gt, t, u in work:
                 adam_update(w, gt, o.mu[k], o.nu[k], c.b1, c.b2, c.eps, sc, c.eps_mode, t, u)
 
-    def _step_slab(self, o, sc):
+    def _step_slab(self, o, sc, norm=None):
         """The same update on the program's parameter slab: one call per ufunc for all parameters
         (elementwise, so bit-identical to updating each; the padding between them stays zero)."""
         p = self.p
@@ -195,10 +199,11 @@ class NumpyRunner:
         else:
             np.copyto(gt, g)
         if o.clip is not None:
-            total = 0.0
-            for off, n in p.pspans:
-                total += sq_norm(gt[off:off + n])
-            norm = math.sqrt(total)
+            if norm is None:
+                total = 0.0
+                for off, n in p.pspans:
+                    total += sq_norm(gt[off:off + n])
+                norm = math.sqrt(total)
             if clips(norm, o.clip, o.clip_mode):
                 clip_scale(gt, norm, o.clip, o.clip_mode, gt)
         if o.kind == "SGD":

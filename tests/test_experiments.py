@@ -8,6 +8,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 pytest.importorskip("interop")
 
 
+@pytest.mark.matrix
 def test_transformer_three_ways():
     import transformer
     r = transformer.run(transformer.QUICK, out_dir=None, quiet=True)
@@ -22,6 +23,7 @@ def test_transformer_three_ways():
     assert max(abs(a - b) / abs(b) for a, b in zip(ep, log["eager tape"]["loss"])) < 1e-12
 
 
+@pytest.mark.matrix
 def test_fusion_study_fused_equals_unfused_with_fewer_kernels():
     import fusion_study
     import transformer

@@ -3,6 +3,7 @@ import os
 import pathlib
 
 import numpy as np
+import pytest
 
 import tapegrad as tg
 from tapegrad.native import codegen, fuse
@@ -55,6 +56,7 @@ def test_libm_calls_run_alone_and_everything_else_fuses():
     assert [len(seg) for seg in bwd] == [1, 14]
 
 
+@pytest.mark.matrix
 def test_chain_fused_is_bit_identical_to_unfused_through_optimizer_steps():
     tape, loss, params = chain()
     tape.backward(loss)

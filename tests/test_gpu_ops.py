@@ -77,6 +77,7 @@ def test_every_family_op_has_a_device_form():
     assert all(device_form(O.OPS[name]) for name in FAMILY)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("name", FAMILY)
 @pytest.mark.parametrize("fuse", [True, False])
 def test_emulated_device_kernels_equal_native(programs, name, fuse):
@@ -128,6 +129,7 @@ def test_family_kernels_compile_with_nvcc(tmp_path, dtype):
                             "-o", str(path.with_suffix(".cubin"))], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr[-3000:]
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("name", ["max", "min", "prod"])
 def test_extremes_ties_nans_signed_zeros_and_zero_products_equal_native(name):
     """Tied extremes share the gradient, NaN propagates, the first of ±0 stays, prod's gradient needs no

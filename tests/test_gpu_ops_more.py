@@ -38,6 +38,7 @@ def exact(u, v):
     return np.array_equal(u, v, equal_nan=True)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("name", CONV_FAMILY + LINALG_FAMILY)
 @pytest.mark.parametrize("fuse", [True, False])
 def test_emulated_kernels_match_native(programs, name, fuse):
@@ -97,6 +98,7 @@ def test_conv_is_not_bit_equal_by_accident():
     assert not within_blas(got["numpy"][0], shifted)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("win,stride", [((1, 3, 3), (1, 1, 1)), ((1, 2, 2), (1, 2, 2))], ids=["overlap", "tiles"])
 @pytest.mark.filterwarnings("ignore:invalid value")
 def test_pool_ties_nans_signed_zeros_and_padding_equal_native(win, stride):

@@ -60,6 +60,7 @@ def every_op_programs():
     return tape, items, progs
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("op", [o for o in O.OPS.values() if o.arity], ids=lambda o: o.name)
 def test_native_op_matches_tape_within_its_tier(op, all_cases):
     """exact/order ops: == (the C mirrors NumPy's arithmetic and its reduction order); libm and blas
@@ -82,6 +83,7 @@ def check_ops(cases, only=None):
             assert np.array_equal(progs[False].grad(v), prog.grad(v))
 
 
+@pytest.mark.matrix
 def test_every_op_graph_fused_equals_unfused_and_tape_within_bound():
     tape, params, loss = every_op_graph()
     tape.backward(loss)
@@ -100,6 +102,7 @@ SIZES = (8, 16, 16, 3)
 DATA = batches(SIZES, 12, 5)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("small", ["0", None])
 @pytest.mark.parametrize("opt", ["sgd_clip_seed", "adam_clip_optax", "adam_hat_clip_torch"])
 @pytest.mark.parametrize("act,loss", [("relu", "mse"), ("tanh", "xent")])
@@ -168,6 +171,7 @@ def test_native_abi_drives_an_episode_from_raw_pointers():
     assert prog.hash64 == ref.hash64
 
 
+@pytest.mark.matrix
 def test_native_float32_within_the_stated_bound():
     """float32 native program vs the float64 tape, 5 Adam steps: |Δloss| <= 1e-5·max(1, |loss|)."""
     want_losses, want_params, _ = eager(SIZES, DATA, "adam")
@@ -247,6 +251,7 @@ def test_missing_compiler_is_a_clear_error_and_numpy_still_works(tmp_path, monke
     assert float(prog.forward()) == 3.0
 
 
+@pytest.mark.matrix
 def test_relu_and_maximum_follow_numpy_on_nan_and_signed_zeros():
     tape = tg.Tape()
     a = tape.param(np.array([-0.0, 0.0, np.nan, 1.0, np.nan, -2.0]))
@@ -294,6 +299,7 @@ def test_native_capture_of_a_fine_tune_graph_holds_the_frozen_weight_once():
     assert np.isfinite(prog.episode())
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("small", ["0", None])
 @pytest.mark.parametrize("opt", ["sgd_clip_seed", "adam_clip_optax", "adam_hat_clip_torch"])
 def test_float32_tape_and_float32_native_program_agree_bit_for_bit(opt, small, monkeypatch):
@@ -379,6 +385,7 @@ def small_product_program(ash, bsh, seed, dtype="float64"):
     return tape, a, b, loss
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("ash,bsh", SMALL_SHAPES, ids=str)
 def test_small_product_kernel_within_the_blas_bound_and_deterministic(ash, bsh, dtype, monkeypatch):
@@ -417,6 +424,7 @@ def test_small_product_threshold_follows_the_blas_kernel(monkeypatch):
     assert runner.small_gemm_limit("float64") == 12
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("kind", ["adam", "adam-hat-clip", "sgd-l2"])
 def test_an_update_split_over_threads_gives_the_one_thread_bits(kind):
     """The native runner splits an optimizer update of at least ``SPLIT_UPDATES`` parameters into

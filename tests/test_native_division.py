@@ -30,6 +30,8 @@ int tg_test_fma(void)
 }
 '''
 
+pytestmark = pytest.mark.matrix   # re-run by CI under every compiler x target x BLAS kernel
+
 
 @pytest.fixture(scope="module", params=["float64", "float32"])
 def divide(request):

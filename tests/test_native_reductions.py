@@ -15,6 +15,8 @@ import tapegrad as tg
 RNG = np.random.default_rng(23)
 SIZES = (7, 8, 9, 16, 127, 128, 129, 256, 257, 300)
 
+pytestmark = pytest.mark.matrix   # re-run by CI under every compiler x target x BLAS kernel
+
 
 def wild(shape):
     """Values over eight decades: the order of summation shows in the last bits."""

@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test bench experiments mutants clean
+.PHONY: demo test matrix bench experiments mutants clean
 
 $(STAMP): pyproject.toml tapegrad/_ctape.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -15,8 +15,14 @@ $(STAMP): pyproject.toml tapegrad/_ctape.c
 demo: $(STAMP)
 	$(BIN)/python experiments/demo.py
 
+# Both cores (pytest-xdist), each test file on one worker so a file's compiled programs are built once;
+# the build cache's per-key lock lets workers share it.
 test: $(STAMP)
-	$(BIN)/python -m pytest tests tapegrad interop
+	$(BIN)/python -m pytest -n auto --dist loadfile tests tapegrad interop
+
+# The native exactness tests under every compiler x target x BLAS kernel present (.ci/run runs it).
+matrix: $(STAMP)
+	tools/matrix.sh
 
 # Mutation testing (docs/testing.md): mutmut per core module with its own tests, then hand-written C
 # mutations. Not part of make test; under an hour on 2 cores. MUTANTS="tape optim" runs some modules only.

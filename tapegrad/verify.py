@@ -182,10 +182,31 @@ def _product_bound(op, which, g, out, a, b, s, ws):
     """2·K·eps·(|A|·|B|) + 2·K·tiny (underflow): two any-order sums of K products each lie within
     γ_K·|A|·|B| of the exact one (Higham, Accuracy and Stability of Numerical Algorithms, §3.5)."""
     fi = np.finfo(ws.dtype)
-    ab = lambda x: None if x is None else np.abs(x)   # noqa: E731
-    mag = _run(op, which, ab(g), out if which == "fwd" else ab(out), ab(a), ab(b), s, ws)
+    if op.name == "matmul":
+        mag = _abs_product(*{"fwd": (a, b), "da": (g, b.T), "db": (a.T, g)}[which])
+    else:
+        ab = lambda x: None if x is None else np.abs(x)   # noqa: E731
+        mag = _run(op, which, ab(g), out if which == "fwd" else ab(out), ab(a), ab(b), s, ws)
     k = _terms(op, which, g, out, a, b, s, ws)
     return 2.0 * k * (float(fi.eps) * mag.astype(np.float64) + float(fi.smallest_normal))
+
+
+BLOCK = 1 << 14   # elements of |x| or |y| held at a time (128 KiB of doubles)
+
+
+def _abs_product(x, y):
+    """|x|·|y| of two matrices, taking |·| of the larger one a block at a time: a fine-tuned model's
+    frozen weight (a lazy constant, held once) gets no full-size copy from its check."""
+    out = np.empty((x.shape[0], y.shape[1]), np.result_type(x, y))
+    if y.size >= x.size:
+        ax, step = np.abs(x), max(1, BLOCK // max(1, y.shape[0]))
+        for j in range(0, y.shape[1], step):
+            np.matmul(ax, np.abs(y[:, j:j + step]), out=out[:, j:j + step])
+    else:
+        ay, step = np.abs(y), max(1, BLOCK // max(1, x.shape[1]))
+        for i in range(0, x.shape[0], step):
+            np.matmul(np.abs(x[i:i + step]), ay, out=out[i:i + step])
+    return out
 
 
 def _describe(op, kind):

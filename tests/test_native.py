@@ -38,10 +38,10 @@ def all_cases():
     return every_op_programs()
 
 
-def every_op_programs():
-    """One tape holding every registry op on every one of its cases (one build for all of them)."""
+def every_op_tape(dtype="float64"):
+    """(tape, loss, [(op, case, its float Vars, its output)]): every registry op on every one of its cases."""
     rng = np.random.default_rng(7)
-    tape = tg.Tape()
+    tape = tg.Tape(dtype)
     items, loss = [], None
     for op in O.OPS.values():
         if not op.arity:
@@ -52,6 +52,12 @@ def every_op_programs():
             term = (y * tape.const(rng.standard_normal(y.shape))).sum()
             loss = term if loss is None else loss + term
             items.append((op, case, floats(op, vs), y))
+    return tape, loss, items
+
+
+def every_op_programs():
+    """One tape holding every registry op on every one of its cases (one build for all of them)."""
+    tape, loss, items = every_op_tape()
     tape.backward(loss)
     progs = {f: tg.capture(tape, loss, backend="native", fuse=f) for f in (False, True)}
     for p in progs.values():

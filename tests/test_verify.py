@@ -12,7 +12,7 @@ from tapegrad.native import build
 from tapegrad.native.runner import NativeRunner
 
 from capture_util import batches, captured, every_op_graph
-from op_cases import make, record
+from test_native import every_op_tape
 
 SIZES = (8, 16, 16, 3)
 DATA = batches(SIZES, 12, 3)
@@ -213,21 +213,6 @@ def test_each_attach_checks_its_first_step_again():
 
 # ── no false positives ───────────────────────────────────────────────────────
 
-def every_op_tape(dtype="float64"):
-    """tests/test_native.py's every_op_programs tape (the same seed and order: the same C source)."""
-    rng = np.random.default_rng(7)
-    tape = tg.Tape(dtype)
-    loss = None
-    for op in O.OPS.values():
-        if not op.arity:
-            continue
-        for case in op.cases:
-            arrays, s = make(op, case, rng)
-            vs, y = record(tape, op, arrays, s)
-            term = (y * tape.const(rng.standard_normal(y.shape))).sum()
-            loss = term if loss is None else loss + term
-    return tape, loss
-
 
 # float64 shares test_native's builds (the same source); float32 fused only: one more build of every op
 # (fused and unfused verify through the same comparisons)
@@ -235,7 +220,7 @@ def every_op_tape(dtype="float64"):
 def test_every_registry_op_verifies_natively(dtype, fuse, monkeypatch):
     """Every op's every case, each compared: no value or gradient differs beyond its tier."""
     compared = spy(monkeypatch)
-    tape, loss = every_op_tape()
+    tape, loss, _ = every_op_tape()
     prog = tg.capture(tape, loss, backend="native", fuse=fuse, dtype=dtype)
     assert prog.verified == {"values", "gradients"}
     assert len(compared) == len(prog.compute) + len(prog.reached)

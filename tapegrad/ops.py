@@ -119,14 +119,33 @@ def positive(rng, shape):
 
 
 def away0(rng, shape):
-    """Nonzero, away from the kink at 0 (relu, abs) so finite differences are smooth."""
+    """Nonzero, at least 0.2 from the kink at 0 (relu, abs; atan2's branch cut at a = 0)."""
     return rng.choice([-1.0, 1.0], shape) * rng.uniform(0.2, 2.0, shape)
 
 
+GRID = 0.37
+
+
 def spread(rng, shape):
-    """Distinct values (max, maximum): a permutation of a well-separated grid, randomly signed."""
+    """Distinct values (max, min, sort, cummax, max_pool): a permutation of a grid of step ``GRID``
+    centred on 0 (multiples of GRID for an odd count, odd multiples of GRID/2 for an even one)."""
     n = math.prod(shape)
-    return (rng.permutation(n) - n / 2.0 + 0.5).reshape(shape) * 0.37
+    return (rng.permutation(n) - n / 2.0 + 0.5).reshape(shape) * GRID
+
+
+def between(rng, shape):
+    """``spread`` shifted by a quarter step (maximum's b): no value equals one ``spread`` draws for a, of
+    any size, and each is at least GRID/4 from all of them, so a and b never tie."""
+    return spread(rng, shape) + GRID / 4
+
+
+# The samplers that keep an op's inputs off its kinks (ties, 0, a branch cut), and the distance they
+# keep: |x| >= 0.2 (away0); any two values at least GRID apart (spread); at least GRID/4 from every value
+# spread draws (between). A finite difference stepping at most a quarter of it along a unit direction
+# moves any difference of two entries by at most √2/4 of it: it never reaches a kink (tests/test_ops*.py
+# choose their steps so). The fuzzer (tests/test_fuzz.py) reads an op with such a domain as one whose
+# derivative jumps.
+MARGIN = {away0: 0.2, spread: GRID, between: GRID / 4}
 
 
 # ── shape rules ──────────────────────────────────────────────────────────────
@@ -513,7 +532,7 @@ maximum = op("maximum", 2, broadcast,
              c_fwd="a > b ? a : (a != a ? a : b)",  # NumPy: NaN propagates, ties give b
              c_da="g * ((a > b ? 1.0 : 0.0) + 0.5 * (a == b ? 1.0 : 0.0))",
              c_db="g * ((b > a ? 1.0 : 0.0) + 0.5 * (a == b ? 1.0 : 0.0))",
-             domain=(spread, spread), cases=BIN,
+             domain=(spread, between), cases=BIN,
              doc="elementwise max; ties share the gradient equally, as in JAX")
 
 neg = op("neg", 1, same, doc="−a",

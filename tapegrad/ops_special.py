@@ -9,7 +9,7 @@ SIMD libm, SciPy's Cephes and the C library each round their own way.
 import numpy as np
 import scipy.special as sc
 
-from .ops import UN, BIN, into, op, positive, real, same, broadcast
+from .ops import UN, BIN, away0, into, op, positive, real, same, broadcast
 
 # 2/√π, the constant of d erf/dx = 2/√π · e^(−x²)
 TWO_OVER_SQRTPI = 1.1283791670955126
@@ -160,7 +160,7 @@ atan2 = op("atan2", 2, broadcast, doc="the angle of (b, a), broadcasting (numpy.
            da=atan2_da, db=atan2_db,
            ref=lambda jnp, a, b, s: jnp.arctan2(a, b),
            c_fwd="atan2(a, b)", c_da="g * b / (a * a + b * b)", c_db="-(g * a / (b * b + a * a))",
-           tier="libm", domain=(real, real), cases=BIN)
+           tier="libm", domain=(away0, real), cases=BIN)   # a off the branch cut at a = 0, b < 0
 asinh = op("asinh", 1, same, doc="arsinh a; gradient 1/√(a² + 1)",
            fwd=lambda a, b, s, out, ws: np.arcsinh(a, out=out),
            da=into(lambda g, out, a, b, s, t: (np.multiply(a, a, out=t), np.add(t, 1.0, out=t),

@@ -448,5 +448,9 @@ def test_random_conv_geometries_match_the_definition_and_finite_differences(data
     want = conv_by_definition(x, w, st_, pads, ld, rd, groups, last)
     assert rel(tape.value(y), want) <= 1e-14
     probe = rng.standard_normal(want.shape)
-    report = tg.gradcheck(lambda t, vx, vw: (tg.conv(vx, vw, **kw) * t.const(probe)).sum(), x, w, directions=2)
+    # gradcheck moves one input at a time and a convolution is linear in each: the central difference is
+    # exact for any step but for rounding, eps·|f|/step, so a large step (at the default 1e-6 the rounding
+    # came within 1.1x of the tolerance in 2,600 random geometries: no kink, only cancellation)
+    report = tg.gradcheck(lambda t, vx, vw: (tg.conv(vx, vw, **kw) * t.const(probe)).sum(), x, w, directions=2,
+                          eps=0.5)
     assert report.ok, report

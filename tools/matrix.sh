@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The native exactness tests (marker `matrix`) under CC x TAPEGRAD_MARCH, then under other OpenBLAS
-# kernel families with the default compiler. Run by .ci/run after make test; MATRIX_CC and
-# MATRIX_MARCH narrow it (e.g. MATRIX_CC=clang-19 MATRIX_MARCH=x86-64-v2 tools/matrix.sh).
+# The native exactness tests (marker `matrix`) under CC x TAPEGRAD_MARCH, then under another OpenBLAS
+# kernel family with the default compiler. Run by .ci/run after make test; MATRIX_CC and MATRIX_MARCH
+# narrow it (e.g. MATRIX_CC=clang-19 MATRIX_MARCH=x86-64-v2 tools/matrix.sh). No -q here: addopts has
+# one, and a second would drop pytest's closing count.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-PYTEST=("$PY" -m pytest -q -p no:cacheprovider -n auto --dist loadfile -m matrix tests)
+PYTEST=("$PY" -m pytest -p no:cacheprovider -n auto --dist loadfile -m matrix tests)
 # The host emulation of the GPU source is built by $CXX without -march: once per compiler is enough.
 GPU=(--ignore=tests/test_gpu_ops.py --ignore=tests/test_gpu_ops_more.py)
 declare -A CXX_OF=([gcc-11]=g++-11 [gcc-12]=g++-12 [clang-19]=clang++-19)

@@ -156,7 +156,8 @@ class Emitter:
             c = p.third[k]
             env = {"a": self.operand(a, os_, inrun), "b": self.operand(b, os_, inrun) if b >= 0 else None,
                    "c": self.operand(c, os_, inrun) if c >= 0 else None}
-            e = self.d.render(expr_of(op, "c_fwd"), self.loads(expr_of(op, "c_fwd"), env, stmts), s)
+            rule = expr_of(op, "c_fwd")
+            e = self.d.render(rule, self.loads(rule, env, stmts), s)
             if fused:
                 stmts.append(f"const real t{k} = {e};")
                 stmts.append(f"v{k}[i] = t{k};")
@@ -316,11 +317,12 @@ class Emitter:
             for to, first, j, field, scr in ((ta, fa, a, "c_da", 0), (tb, fb, b, "c_db", 1)):
                 if not to:
                     continue
-                if self.d.render(expr_of(op, field), env, s) == f"g{k}[i]" and p.shapes[j] != os_:
+                rule = expr_of(op, field)
+                if rule == ("var", "g") and p.shapes[j] != os_:
                     # a broadcast input receiving g itself: reduce g directly
                     after += self.unbroadcast(f"g{k}", os_, j, first)
                     continue
-                e = self.d.render(expr_of(op, field), self.loads(expr_of(op, field), env, stmts), s)
+                e = self.d.render(rule, self.loads(rule, env, stmts), s)
                 if p.shapes[j] == os_:
                     stmts.append(f"g{j}[i] = {e};" if first else f"g{j}[i] = g{j}[i] + ({e});")
                 else:   # a broadcast input: the out-shaped contribution, then NumPy's reduction

@@ -87,6 +87,13 @@ TG_FN void tg_row_next(const tg_cgeo *q, long *idx)
 
 #define TG_LASTROW(q, tab, kd) ((tab) + (q).toff[(q).nsp - 1] + (kd)[(q).nsp - 1] * (q).ol)
 
+/* src[t], read whatever t is: padding (t < 0) reads element 0, so the load is never conditional
+ * (runtime.c: no element is loaded under a condition); the caller selects the padding value. */
+static inline real tg_padded(const real *src, long t)
+{
+    return src[t < 0 ? 0 : t];
+}
+
 /* cols = im2col(x): (C, K, N, P) channels first, (G, N, P, K, Cg) channels last; 0 on padding */
 TG_FN void tg_im2col(const long *cv, const long *tab, const real *restrict x, real *restrict cols)
 {
@@ -105,7 +112,7 @@ TG_FN void tg_im2col(const long *cv, const long *tab, const real *restrict x, re
                         real *restrict dst = cols + ((c * q.kk + kk) * q.n + n) * q.p + r * q.ol;
                         const real *restrict src = x + (n * q.c + c) * q.isp + (b < 0 ? 0 : b);
                         for (long m = 0; m < q.ol; m++) {
-                            const real v = src[tl[m] < 0 ? 0 : tl[m]];   /* padding reads a valid element */
+                            const real v = tg_padded(src, tl[m]);
                             dst[m] = (b < 0 || tl[m] < 0) ? R(0.0) : v;
                         }
                     }
@@ -205,7 +212,7 @@ TG_FN void tg_pool(int mode, const long *cv, const long *tab, const real *restri
             real *restrict o = out + r * q.ol;
             if (mode == 0) {
                 for (long m = 0; m < q.ol; m++) {
-                    const real x = src[tl[m] < 0 ? 0 : tl[m]];
+                    const real x = tg_padded(src, tl[m]);
                     const real v = (b < 0 || tl[m] < 0) ? R(0.0) : x;
                     if (kk == 0)
                         o[m] = v;
@@ -214,7 +221,7 @@ TG_FN void tg_pool(int mode, const long *cv, const long *tab, const real *restri
                 }
             } else if (mode == 1) {
                 for (long m = 0; m < q.ol; m++) {
-                    const real x = src[tl[m] < 0 ? 0 : tl[m]];
+                    const real x = tg_padded(src, tl[m]);
                     const real v = (b < 0 || tl[m] < 0) ? -INFINITY : x;
                     if (kk == 0) {
                         o[m] = v;
@@ -236,7 +243,7 @@ TG_FN void tg_pool(int mode, const long *cv, const long *tab, const real *restri
                 } else {
                     for (long m = 0; m < q.ol; m++) {
                         int ok = b >= 0 && tl[m] >= 0;
-                        const real x = src[tl[m] < 0 ? 0 : tl[m]];
+                        const real x = tg_padded(src, tl[m]);
                         const real v = ok ? x : -INFINITY;
                         a[m] = ((a[m] == R(-1.0)) & (v == mx[m])) ? (ok ? (real)(b + tl[m]) : R(-2.0)) : a[m];
                     }

@@ -5,6 +5,8 @@
 - ``jax_function(build)``: a function recorded on a tape as a differentiable JAX function.
 - ``program_call(program)`` / ``program_episode(program)``: a captured native program as an XLA FFI
   custom call inside ``jax.jit`` (differentiable, batchable, per-shard under ``shard_map``).
+- ``capture_jax(fn, *args)`` / ``value_and_grad(fn, *args)`` / ``train_step(fn, params, *batch, optimizer=)``:
+  a JAX (flax, equinox, optax) loss as a native program, and its faces inside ``jax.jit``.
 - ``check_grads(f, *args, argnums=…, has_aux=…)`` / ``assert_grads``: the gradient oracle — replay a
   JAX function's jaxpr on a tape and compare with ``jax.grad`` (a report, or an AssertionError).
 - ``optax_chain(opt)`` / ``compare_with_optax(...)``: tapegrad optimizers next to their optax twins.
@@ -12,13 +14,14 @@
 Module map: ``dlpack`` (bridges), ``callback`` (the one place that picks the host-callback
 mechanism), ``function`` (jax_function), ``program`` + ``tg_xla.c`` (FFI custom calls and their
 fallback), ``gpu_call`` + ``tg_gpu.c`` (the episode as a CUDA custom call), ``oracle`` + ``oracle_replay`` + ``oracle_loops`` + ``oracle_rules`` (check_grads: the report,
-the replay of a jaxpr, its loops and branches, the primitive table), ``parity`` (optax).
+the replay of a jaxpr, its loops and branches, the primitive table), ``parity`` (optax), ``capture_jax`` (JAX functions as programs).
 
 Importing interop changes no JAX setting (see ``interop._jax``): the oracle scopes its own 64-bit
 mode, and float64 programs ask for it when it is off.
 """
 from ._jax import jax, jnp
 from .dlpack import CopyWarning, cupy_to_jax, from_jax, jax_to_cupy, preallocation_advice, to_jax
+from .capture_jax import CaptureError, Captured, capture_jax, train_step, value_and_grad
 from .function import TransformError, jax_function
 from .oracle import (Divergence, GradientMismatchError, GradReport, Kink, Precision, TracingError,
                      UnsupportedPrimitiveError, assert_grads, check_grads)
@@ -27,6 +30,7 @@ from .program import (ProgramError, SGDState, episode_state, flatten_state, prog
                       program_inputs, unflatten_state)
 
 __all__ = ["jax", "jnp", "CopyWarning", "to_jax", "from_jax", "cupy_to_jax", "jax_to_cupy", "preallocation_advice",
+           "CaptureError", "Captured", "capture_jax", "value_and_grad", "train_step",
            "TransformError", "jax_function", "Divergence", "GradReport", "Kink", "Precision",
            "UnsupportedPrimitiveError", "TracingError", "GradientMismatchError", "check_grads", "assert_grads",
            "ParityReport", "compare_with_optax", "optax_chain", "ProgramError", "SGDState", "episode_state",

@@ -433,6 +433,21 @@ class Replay:
     def path(self):
         return " › ".join(self.where)
 
+    # ── what a capture (interop.capture_jax) overrides ───────────────────────
+
+    def rules(self):
+        """(rules, control rules) this replay records steps with."""
+        from .oracle_rules import CONTROL_RULES, RULES
+        return RULES, CONTROL_RULES
+
+    def entered(self, plan, tenv):
+        """Called as ``run`` starts on ``plan`` with the Vars ``tenv`` holds."""
+
+    def operand(self, plan, s, var, jenv):
+        """What a rule gets for an operand ``var`` (slot ``s``) that is not on the tape: JAX's value (None
+        for a key)."""
+        return None if is_key(var.aval) else jenv.np(s)
+
     # ── the walk ──────────────────────────────────────────────────────────────
 
     def run(self, plan, tenv, jenv, lo=0, hi=None, prec=None, top=False):
@@ -443,7 +458,9 @@ class Replay:
         prec = {} if prec is None else prec
         steps = plan.steps
         hi = len(steps) if hi is None else hi
-        from .oracle_rules import CONSTANT, CONTROL_RULES, RULES, missing
+        from .oracle_rules import CONSTANT, missing
+        RULES, CONTROL_RULES = self.rules()
+        self.entered(plan, tenv)
         for k in range(lo, hi):
             st = steps[k]
             xs = [None if isinstance(s, Literal) else tenv.get(s) for s in st.ins]
@@ -469,7 +486,7 @@ class Replay:
                 self.unsupported.setdefault(name, missing(name) if name in RULES else None)
                 outs = [None] * len(eqn.outvars)
             else:
-                args = [x if x is not None else (None if is_key(v.aval) else jenv.np(s))
+                args = [x if x is not None else self.operand(plan, s, v, jenv)
                         for x, s, v in zip(xs, st.ins, eqn.invars)]
                 try:
                     outs = RULES[name](self, args, eqn)

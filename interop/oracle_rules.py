@@ -399,7 +399,7 @@ def _pad(r, xs, eqn):
 def _gather_map(eqn, args):
     op, idx = args[0], args[1]
     n = int(np.prod(op.shape))
-    iota = jnp.arange(1, n + 1, dtype=jnp.int64).reshape(op.shape)
+    iota = jnp.arange(1, n + 1, dtype=jax.dtypes.canonicalize_dtype(jnp.int64)).reshape(op.shape)
     params = dict(eqn.params, fill_value=0)
     return jax.lax.gather_p.bind(iota, idx, **params)
 
@@ -420,7 +420,7 @@ def _scatter_map(eqn, args):
             sizes.append(upd.shape[dn.update_window_dims[pos]])
             pos += 1
     n = int(np.prod(op.shape))
-    iota = jnp.arange(1, n + 1, dtype=jnp.int64).reshape(op.shape)
+    iota = jnp.arange(1, n + 1, dtype=jax.dtypes.canonicalize_dtype(jnp.int64)).reshape(op.shape)
     return jax.lax.gather(iota, idx, gdn, tuple(sizes), mode=eqn.params["mode"], fill_value=0)
 
 

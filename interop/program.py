@@ -124,6 +124,7 @@ def load(program: Program) -> int:
     get, set_ = _blas_threads(program)
     big = any(program.nodes[k][0].kind == "matmul" and _mnk(program, k) > OPENBLAS_THREADED for k in program.compute)
     desc += [get, set_, int(big), SPLIT_PRODUCTS, SPLIT_UPDATES]
+    desc += [len(abi["data_index"])] + abi["data_index"] + [program.val[k].itemsize for k in program.data]
     arr = np.array(desc, np.int64)
     if lib[0].tg_load(arr.ctypes.data) != 0:
         raise MemoryError("load: tg_load could not allocate its table entry")
@@ -220,6 +221,8 @@ class _Sig:
         self.dtype = np.dtype(program.dtype)
         self.params = [tuple(program.shapes[k]) for k in program.params]
         self.inputs = [tuple(program.shapes[k]) for k in program.consts]
+        self.data = [tuple(program.shapes[k]) for k in program.data]
+        self.data_bool = [program.val[k].dtype.kind == "b" for k in program.data]
         opt = program.opt
         self.state = []
         if opt is not None and opt.kind == "Adam":
@@ -241,6 +244,14 @@ class _Sig:
                 if tuple(aval.shape) != s:
                     raise ProgramError(f"{who}: {label} must have shape {s} (the captured shape), got "
                                        f"{tuple(aval.shape)}")
+                if name == "data":
+                    kind = np.dtype(aval.dtype).kind
+                    ok = kind == "b" if self.data_bool[k] else (kind in "iu" and np.dtype(aval.dtype).itemsize >= 4)
+                    if not ok:
+                        want_kind = "bool" if self.data_bool[k] else "int32 or int64"
+                        raise ProgramError(f"{who}: {label} must be {want_kind} (a data slot of the program), got "
+                                           f"{aval.dtype}")
+                    continue
                 if np.dtype(aval.dtype) != self.dtype:
                     raise ProgramError(f"{who}: {label} must be {self.dtype} (the program's dtype), got "
                                        f"{aval.dtype}")
@@ -295,9 +306,9 @@ def _host_value_unlocked(program, grads):
     def run(outs, *xs):
         np_, p = len(program.params), program
         for b in range(outs[0].size):
-            for k, x in zip(p.params + p.consts, xs):
+            for k, x in zip(p.params + p.consts + p.data, xs):
                 n = p.val[k].size
-                np.copyto(p.val[k].reshape(-1), x.reshape(-1)[b * n:(b + 1) * n])
+                np.copyto(p.val[k].reshape(-1), x.reshape(-1)[b * n:(b + 1) * n], casting="unsafe")
             p.runner.forward()
             outs[0].reshape(-1)[b] = p.val[p.loss_id].reshape(-1)[0]
             if grads:
@@ -361,13 +372,15 @@ def _mode(program, native):
     return native
 
 
-def program_call(program: Program, *, native: Optional[bool] = None) -> Callable[..., Any]:
+def program_call(program: Program, *, native: Optional[bool] = None, data: bool = False) -> Callable[..., Any]:
     """A jittable, differentiable JAX function ``(*params, *inputs) -> loss`` running ``program``.
 
     ``params`` are the program's parameters and ``inputs`` its float constants, each in registration
     order, with the captured shapes and the program's dtype. Integer and bool data slots (index
     tables, masks) are not inputs: calls use the values they hold (captured, or last given with
-    ``set_input``). Under ``jax.grad`` one custom call runs
+    ``set_input``) — unless ``data=True``: then the call is ``(*params, *inputs, *data)`` with one
+    int32/int64 or bool array per data slot (``program.data``, in registration order), copied into
+    the slot on every call (``interop.capture_jax`` programs are called so). Under ``jax.grad`` one custom call runs
     forward + backward and returns the loss with the parameter gradients as residuals; the backward
     rule scales them by the loss cotangent. Constants have no gradient on the tape: differentiating
     with respect to an input raises. Under ``vmap`` every operand is broadcast to the batch and the
@@ -378,7 +391,8 @@ def program_call(program: Program, *, native: Optional[bool] = None) -> Callable
     """
     native = _mode(program, native)
     sig = _Sig(program)
-    np_ = len(sig.params)
+    np_, ni = len(sig.params), len(sig.inputs)
+    attrs = {"data": np.int64(1)} if data and sig.data else {}
     if native:
         names = native_library()[1]
         h = _i64(program.hash64)
@@ -389,11 +403,15 @@ def program_call(program: Program, *, native: Optional[bool] = None) -> Callable
             specs += [_spec(xs, s, sig.dtype) for s in sig.params]
         if native:
             kind = "value_and_grad" if grads else "value"
-            return tuple(jax.ffi.ffi_call(names[kind], specs, vmap_method="broadcast_all")(*xs, prog=np.int64(h)))
+            return tuple(jax.ffi.ffi_call(names[kind], specs, vmap_method="broadcast_all")(*xs, prog=np.int64(h),
+                                                                                         **attrs))
         return host_call(_host_value(program, grads), specs, *xs, vmap_method="sequential")
 
     def check(xs):
-        sig.check("program_call", [("params", sig.params, xs[:np_]), ("inputs", sig.inputs, xs[np_:])])
+        groups = [("params", sig.params, xs[:np_]), ("inputs", sig.inputs, xs[np_:np_ + ni] if data else xs[np_:])]
+        if data:
+            groups.append(("data", sig.data, xs[np_ + ni:]))
+        sig.check("program_call", groups)
 
     @jax.custom_vjp
     def f(*xs):
@@ -401,14 +419,14 @@ def program_call(program: Program, *, native: Optional[bool] = None) -> Callable
 
     def fwd(*xs):
         loss, *g = call(True, tuple(x.value for x in xs))
-        for k, x in enumerate(xs[np_:]):
+        for k, x in enumerate(xs[np_:np_ + ni]):
             if x.perturbed:
                 raise ProgramError(f"program_call: cannot differentiate with respect to inputs[{k}]: it is a "
                                    f"constant of the captured program (no gradient is recorded for it)")
         return loss, tuple(g)
 
-    def bwd(g, ct):
-        return tuple(ct * gk for gk in g) + (None,) * len(sig.inputs)  # None: a zero cotangent
+    def bwd(g, ct):   # None: a zero cotangent
+        return tuple(ct * gk for gk in g) + (None,) * (len(sig.inputs) + (len(sig.data) if data else 0))
 
     f.defvjp(fwd, bwd, symbolic_zeros=True)
 

@@ -69,6 +69,8 @@ typedef struct tg_prog {
   const int64_t *sizes;     /* byte size of each table entry's buffer */
   int64_t tlen, esize, np, ni, ns, loss;
   int64_t *index;           /* table index of each slot: np params, ni inputs, np grads (-1: none) */
+  int64_t nd;               /* data slots (integer, bool) a call may pass after its float operands */
+  int64_t *dindex, *dsize;  /* their table indices and element sizes (8: int64, 1: bool) */
   int (*blas_get)(void);    /* OpenBLAS's thread count get/set (NULL: not OpenBLAS) */
   void (*blas_set)(int);
   int64_t big;              /* products large enough for OpenBLAS to start its own threads */
@@ -100,7 +102,7 @@ static tg_prog *tg_find(uint64_t hash) {
 
 /* Load (or replace) a program. `desc` = [hash, forward, backward, episode, table, sizes, table_len,
  * loss_index, esize, np, ni, ns, then np param indices, ni input indices, np grad indices, then
- * blas_get, blas_set, big, min_mnk, min_upd]. Entries are never freed while the process runs (an executable
+ * blas_get, blas_set, big, min_mnk, min_upd, nd, then nd data indices, nd data element sizes]. Entries are never freed while the process runs (an executable
  * may still name the hash); unloading only unlinks. */
 int tg_load(const int64_t *desc) {
   tg_prog *p = calloc(1, sizeof *p);
@@ -126,6 +128,11 @@ int tg_load(const int64_t *desc) {
   p->big = desc[14 + n];
   p->min_mnk = desc[15 + n];
   p->min_upd = desc[16 + n];
+  p->nd = desc[17 + n];
+  p->dindex = malloc((2 * p->nd + 1) * sizeof *p->dindex);
+  if (!p->dindex) { free(p->index); free(p); return -1; }
+  memcpy(p->dindex, desc + 18 + n, 2 * p->nd * sizeof *p->dindex);
+  p->dsize = p->dindex + p->nd;
   pthread_mutex_init(&p->mu, NULL);
   pthread_mutex_lock(&tg_table_mu);
   tg_prog **at = &tg_table[p->hash % TG_BUCKETS];
@@ -410,7 +417,26 @@ static int64_t tg_elems(XLA_FFI_Buffer *b) {
   return n;
 }
 
-typedef struct { char msg[256]; tg_prog *p; } tg_call;
+typedef struct { char msg[256]; tg_prog *p; int64_t nd; } tg_call;
+
+/* Whether an operand of XLA dtype t can fill a data slot of elements of `size` bytes. */
+static int tg_data_fits(int t, int64_t size) {
+  if (size == 8) return t == XLA_FFI_DataType_S32 || t == XLA_FFI_DataType_S64;
+  return t == XLA_FFI_DataType_PRED || t == XLA_FFI_DataType_S8 || t == XLA_FFI_DataType_U8;
+}
+
+/* Copy batch element b of data operand `x` (n elements) into the slot buffer `dst`, widening int32. */
+static void tg_data_copy(char *dst, int64_t size, const XLA_FFI_Buffer *x, int64_t n, int64_t b) {
+  if (size == 8 && x->dtype == XLA_FFI_DataType_S32) {
+    const int32_t *src = (const int32_t *)x->data + b * n;
+    for (int64_t i = 0; i < n; i++) ((int64_t *)dst)[i] = src[i];
+  } else if (size == 8) {
+    memcpy(dst, (const int64_t *)x->data + b * n, n * 8);
+  } else {
+    const unsigned char *src = (const unsigned char *)x->data + b * n;
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i] != 0;
+  }
+}
 
 /* Common prologue: metadata, stage, program lookup, arity. NULL on success (p set). */
 enum { TG_VALUE, TG_VALUE_AND_GRAD, TG_EPISODE, TG_EPISODE_FLAT };
@@ -432,8 +458,14 @@ static XLA_FFI_Error *tg_begin(XLA_FFI_CallFrame *cf, const char *who, int mode,
     return tg_error(cf, XLA_FFI_Error_Code_FAILED_PRECONDITION, c->msg);
   }
   tg_prog *p = c->p;
-  int64_t nargs = mode == TG_EPISODE ? p->np + p->ns + 1 + p->ni : mode == TG_EPISODE_FLAT ? 1 + p->ni
-                 : p->np + p->ni;
+  int64_t data = 0;
+  if (tg_attr_i64(cf, "data", &data) && data && mode != TG_VALUE && mode != TG_VALUE_AND_GRAD) {
+    snprintf(c->msg, sizeof c->msg, "%s: data operands are taken by tg_value and tg_value_and_grad only", who);
+    return tg_error(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, c->msg);
+  }
+  c->nd = data ? p->nd : 0;
+  int64_t nargs = (mode == TG_EPISODE ? p->np + p->ns + 1 + p->ni : mode == TG_EPISODE_FLAT ? 1 + p->ni
+                   : p->np + p->ni) + c->nd;
   int64_t nrets = mode == TG_VALUE ? 1 : mode == TG_VALUE_AND_GRAD ? 1 + p->np : mode == TG_EPISODE_FLAT ? 2
                  : 1 + p->np + p->ns + 1;
   if (cf->args.size != nargs || cf->rets.size != nrets) {
@@ -445,7 +477,14 @@ static XLA_FFI_Error *tg_begin(XLA_FFI_CallFrame *cf, const char *who, int mode,
   XLA_FFI_DataType want = p->esize == 8 ? XLA_FFI_DataType_F64 : XLA_FFI_DataType_F32;
   for (int64_t k = 0; k < cf->args.size; k++) {
     XLA_FFI_Buffer *b = cf->args.args[k];
-    if (b->dtype != want) {
+    int64_t d = k - (cf->args.size - c->nd);   /* >= 0: data operand d */
+    if (d >= 0 && !tg_data_fits(b->dtype, p->dsize[d])) {
+      snprintf(c->msg, sizeof c->msg, "%s: data operand %lld has XLA dtype %d; the program's data[%lld] holds %s",
+               who, (long long)d, (int)b->dtype, (long long)d,
+               p->dsize[d] == 8 ? "integers (int32 or int64)" : "booleans (bool, int8 or uint8)");
+      return tg_error(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, c->msg);
+    }
+    if (d < 0 && b->dtype != want) {
       snprintf(c->msg, sizeof c->msg, "%s: operand %lld has XLA dtype %d, the program runs in %s", who,
                (long long)k, (int)b->dtype, p->esize == 8 ? "float64" : "float32");
       return tg_error(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, c->msg);
@@ -504,6 +543,10 @@ static XLA_FFI_Error *tg_run(XLA_FFI_CallFrame *cf, const char *who, int grads) 
                  B, &c);
     if (B < 0) return tg_error(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, c.msg);
   }
+  for (int64_t d = 0; d < c.nd; d++) {
+    B = tg_batch(cf, who, p->np + p->ni + d, p->sizes[p->dindex[d]] / p->dsize[d], "data", d, B, &c);
+    if (B < 0) return tg_error(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, c.msg);
+  }
   if (grads && !p->backward) return tg_error(cf, XLA_FFI_Error_Code_UNIMPLEMENTED, "tg_value_and_grad: no backward");
   const char *why = NULL;
   tg_inst *in = tg_acquire(p, tg_device(cf), &why);
@@ -524,6 +567,10 @@ static XLA_FFI_Error *tg_run(XLA_FFI_CallFrame *cf, const char *who, int grads) 
       else memset(g, 0, tg_slot_elems(p, k) * es);   /* backward does not reach it: zeros */
     }
     tg_point(in, ptr);
+    for (int64_t d = 0; d < c.nd; d++) {
+      int64_t i = p->dindex[d], n = p->sizes[i] / p->dsize[d];
+      tg_data_copy((char *)(intptr_t)in->base[i], p->dsize[d], cf->args.args[p->np + p->ni + d], n, b);
+    }
     p->forward(in->run);
     if (grads) p->backward(in->run);
     memcpy(tg_data(cf, 1, 0) + b * es, (char *)(intptr_t)in->run[p->loss], es);

@@ -18,7 +18,7 @@ write ``count`` there to restore a checkpoint, read it back after steps.
 For callers that run the functions on their own buffers (a private copy of the table whose entries
 point elsewhere, e.g. at XLA's operands): ``table_len`` (entries in ``ctx``), ``sizes`` (address of an
 int64 array parallel to the table: the byte size of each buffer entry, 0 elsewhere), and the table
-indices ``param_index`` / ``input_index`` / ``grad_index`` (-1 for a parameter backward does not
+indices ``param_index`` / ``input_index`` / ``data_index`` (the data slots: int64 or bool) / ``grad_index`` (-1 for a parameter backward does not
 reach: its gradient is zeros) / ``loss_index``. Entry ``[2]`` is the step scalars, ``[3]``/``[4]`` the
 optimizer configuration and parameter table (read only: their ``[w, g, gt, mu, nu]`` rows are table
 indices). The table changes only when an optimizer is attached.
@@ -364,6 +364,7 @@ class NativeRunner:
             "sizes": _addr(self.sizes),
             "param_index": [codegen.FIRST + self.index[("v", k)] for k in p.params],
             "input_index": [codegen.FIRST + self.index[("v", k)] for k in p.consts],
+            "data_index": [codegen.FIRST + self.index[("v", k)] for k in p.data],
             "grad_index": [codegen.FIRST + self.index[("g", k)] if ("g", k) in self.index else -1
                            for k in p.params],
             "loss_index": codegen.FIRST + self.index[("v", p.loss_id)],

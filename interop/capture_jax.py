@@ -1,0 +1,468 @@
+"""A JAX function as a tapegrad program (``capture_jax``) and its faces inside ``jax.jit``
+(``value_and_grad``, ``train_step``).
+
+``fn``'s jaxpr is flattened into the oracle's ``Plan`` and its differentiable steps — those that depend
+on the float leaves of ``argnums`` (the parameters) — are recorded on a tape by the oracle's rules,
+then captured. Every other value a recorded step reads is one of two things:
+
+- a **constant of the function** (it depends on no argument: a literal, an iota, a closed-over
+  array): baked into the program;
+- **fed**: JAX computes it on every call and passes it as an operand of the custom call. These are
+  the values that depend on the data arguments only (a mask from lengths, the index map of a gather
+  from integer labels, random bits from a key), and the values that depend on the parameters but
+  carry no gradient (``stop_gradient`` of a max in ``softmax``, ``is_finite`` masks, comparisons):
+  JAX evaluates those forward itself. Float values become the program's constants (inputs), integer
+  and boolean ones its data slots (``program_call(..., data=True)``).
+
+So nothing that changes between calls is frozen into the program. What cannot be captured raises
+``CaptureError`` naming the equation: a rule that would freeze a value (``pow`` with a traced
+exponent, ``sort``, ``clamp``…), integer data read inside a loop body, a ``while_loop`` whose trip count
+depends on the arguments, a ``cond`` on a traced predicate.
+"""
+from typing import Any, Callable, Optional, Sequence, Union
+
+import numpy as np
+
+import tapegrad as tg
+from tapegrad.errors import TapeError
+
+from ._jax import jax, jnp
+from .oracle import TracingError
+from .oracle_replay import CONTROL, Literal, Plan, Replay, is_data, is_float, is_key
+from .oracle_rules import CONTROL_RULES, RULES, UnsupportedPrimitiveError, _flat, _out_shape, _reshape
+from .program import program_call
+
+# rules that read JAX's values of their operands or results as numbers, so a program would keep the
+# values of the capture's example: not capturable (the oracle, which checks one point, uses them)
+_FREEZING = frozenset({"cbrt", "rem", "pow", "clamp", "top_k", "sort", "argsort", "lu", "custom_linear_solve",
+                       "scatter-mul", "scatter_mul", "scatter-min", "scatter-max", "scatter_min", "scatter_max"})
+# the rules below take integer or boolean operands, and feed them per call
+_TAKES_DATA = frozenset({"select_n", "gather", "scatter-add", "scatter_add", "scatter"})
+
+
+class CaptureError(TapeError, ValueError):
+    """A JAX function (or one of its equations) that cannot become a tapegrad program; the message says why."""
+
+
+def _depends(plan, seeds):
+    """Slots of ``plan`` that depend on ``seeds`` (a loop or call depends on all its operands)."""
+    dep = set(seeds)
+    for st in plan.steps:
+        if any(not isinstance(s, Literal) and s in dep for s in st.ins):
+            dep.update(st.outs)
+    return dep
+
+
+class _Capture(Replay):
+    """The oracle's replay, with every value read from JAX fed per call or proven constant."""
+
+    def __init__(self, tape, plan, leaves, diff):
+        super().__init__(tape, rtol=0.0, compare=False)
+        self.plan = plan
+        self.varying = _depends(plan, plan.in_slots)          # depends on some argument
+        self.feeds = {}     # slot -> its leaf Var (fed with JAX's value of the slot)
+        self.derived = []   # (leaf Var, fn(vals, aux) -> array): fed with a function of JAX's values
+        self.keep_slots, self.keep_steps = set(), set()
+        self._body_dep = {}
+        self._plans = []
+
+    def rules(self):
+        rules = {n: f for n, f in RULES.items() if n not in _FREEZING}
+        rules.update(_CAPTURE_RULES)
+        return rules, {"scan": _fed(CONTROL_RULES["scan"]), "while": _fed(_while_rule), "cond": _cond_rule}
+
+    def run(self, plan, tenv, jenv, *args, **kw):
+        self._plans.append((plan, set()))
+        try:
+            return super().run(plan, tenv, jenv, *args, **kw)
+        finally:
+            self._plans.pop()
+
+    def entered(self, plan, tenv):
+        if plan is not self.plan:
+            key = (id(plan), frozenset(tenv))
+            if key not in self._body_dep:
+                self._body_dep[key] = _depends(plan, tenv)
+            self._plans[-1] = (plan, self._body_dep[key])
+
+    def at_top(self):
+        """Whether the steps being replayed are the function's own (not a loop body's or a branch's)."""
+        return self._plans[-1][0] is self.plan
+
+    def moving(self):
+        """The slots of the plan being replayed that change between calls or depend on the tape."""
+        return self.varying if self.at_top() else self._plans[-1][1]
+
+    def step_text(self):
+        from .oracle_replay import summary
+        return f"equation {self.top_k} ({summary(self._st[1].eqn)})" + (f" in {self.path()}" if self.where else "")
+
+    def operand(self, plan, s, var, jenv):
+        if isinstance(s, Literal) or is_key(var.aval):
+            return super().operand(plan, s, var, jenv)
+        name = self._st[1].eqn.primitive.name
+        if plan is not self.plan:
+            if s in self.moving():
+                raise CaptureError(f"capture_jax: {self.step_text()} reads a value computed inside a loop body "
+                                   f"without a gradient from traced values; loop bodies may only compute such "
+                                   f"values from constants")
+            return super().operand(plan, s, var, jenv)
+        if s not in self.varying:
+            return super().operand(plan, s, var, jenv)
+        if is_float(var.aval):
+            return self.feed(s, jenv)
+        if name in _TAKES_DATA:
+            return super().operand(plan, s, var, jenv)   # the capture rule feeds it (see _data_feed)
+        raise CaptureError(f"capture_jax: {self.step_text()} reads integer or boolean data that changes between "
+                           f"calls ({var.aval.str_short()}); the program has no rule to take it as an operand")
+
+    def feed(self, s, jenv):
+        v = self.feeds.get(s)
+        if v is None:
+            v = self.feeds[s] = self.tape.const(np.asarray(jenv.np(s), self.tape.dtype))
+            self.keep_slots.add(s)
+        return v
+
+    def derive(self, fn, example):
+        """A data (or float) leaf fed with ``fn(vals, aux)`` on every call; ``example`` its value now."""
+        example = np.asarray(example)
+        v = self.tape.const(np.asarray(example, self.tape.dtype) if example.dtype.kind == "f" else example)
+        self.derived.append((v, fn))
+        return v
+
+
+def _slot(r, i):
+    return r._st[1].ins[i]
+
+
+def _step_index(r):
+    return r._k
+
+
+def _data_feed(r, i, transform, example):
+    """Operand ``i`` of the current step, transformed by ``transform`` (jnp → jnp), as a data leaf fed per call
+    when it varies, else the transformed example (a constant)."""
+    s = _slot(r, i)
+    if isinstance(s, Literal) or s not in r.varying or not r.at_top():
+        return transform(jnp.asarray(example))
+    r.keep_slots.add(s)
+    return r.derive(lambda vals, aux: transform(vals[s]), np.asarray(transform(jnp.asarray(example))))
+
+
+def _select_n(r, xs, eqn):
+    pred, cases = xs[0], xs[1:]
+    shape = _out_shape(eqn)
+    out = r.var(cases[0])
+    for k in range(1, len(cases)):
+        mask = _data_feed(r, 0, lambda p, k=k: jnp.broadcast_to(p if p.dtype == bool else p == k, shape), pred)
+        out = tg.where(mask if isinstance(mask, tg.Var) else np.asarray(mask), r.var(cases[k]), out)
+    return out
+
+
+def _index_map(r):
+    """The current gather/scatter's index map (1 + flat operand index, 0 where dropped), fed per call."""
+    k = _step_index(r)
+    varying = any(not isinstance(s, Literal) and s in r.varying for s in _slot_list(r)[1:2]) and r.at_top()
+    m = r.aux().reshape(-1)
+    if varying:
+        r.keep_steps.add(k)
+    return m, varying, k
+
+
+def _slot_list(r):
+    return r._st[1].ins
+
+
+def _gather(r, xs, eqn):
+    m, varying, k = _index_map(r)
+    shape = _out_shape(eqn)
+    flat = _flat(r, xs[0])
+    mode = str(eqn.params.get("mode"))
+    fills = "FILL" in mode
+    if varying:
+        idx = r.derive(lambda vals, aux: jnp.maximum(aux[k].reshape(-1) - 1, 0), np.maximum(m - 1, 0))
+        mask = r.derive(lambda vals, aux: jnp.reshape(aux[k] != 0, shape), (m != 0).reshape(shape)) if fills \
+            else None
+    else:
+        idx, mask = np.maximum(m - 1, 0), ((m != 0).reshape(shape) if not m.all() else None)
+    out = _reshape(r, tg.take(flat, idx, axis=0), shape)
+    if mask is not None:
+        fill = eqn.params.get("fill_value")
+        fill = np.nan if fill is None else float(fill)
+        out = tg.where(mask, out, r.var(np.full(shape, fill)))
+    return out
+
+
+def _scatter(fn_name):
+    def rule(r, xs, eqn):
+        m, varying, k = _index_map(r)
+        x, u = xs[0], xs[2]
+        vals = _flat(r, u)
+        if varying:   # dropped updates are masked to zeros and added (or set) at index 0: exact for add
+            if fn_name == "index_set":
+                raise CaptureError(f"capture_jax: {r.step_text()}: a scatter at indices that change between "
+                                   f"calls can only be captured as a scatter-add")
+            keep = r.derive(lambda vals_, aux: aux[k].reshape(-1) != 0, m != 0)
+            idx = r.derive(lambda vals_, aux: jnp.maximum(aux[k].reshape(-1) - 1, 0), np.maximum(m - 1, 0))
+            vals = tg.where(keep, vals, r.var(np.zeros(vals.shape)))
+        else:
+            keep_i = np.nonzero(m)[0]
+            if keep_i.size != m.size:
+                vals = tg.take(vals, keep_i, axis=0)
+            idx = m[keep_i] - 1
+        return _reshape(r, getattr(tg, fn_name)(_flat(r, x), idx, vals, axis=0), _out_shape(eqn))
+    return rule
+
+
+_CAPTURE_RULES = {"select_n": _select_n, "gather": _gather, "scatter-add": _scatter("index_add"),
+                  "scatter_add": _scatter("index_add"), "scatter": _scatter("index_set")}
+
+
+def _while_rule(r, st, xs, jenv):
+    """A ``while`` whose trip count is the same on every call (its predicate reads only constants and counters)."""
+    p = st.eqn.params
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cplan, body = Plan.of(p["cond_jaxpr"]), Plan.of(p["body_jaxpr"])
+    varying = r.moving()
+
+    def moves(j):   # operand j is on the tape or changes between calls
+        s = st.ins[j]
+        return xs[j] is not None or (not isinstance(s, Literal) and s in varying)
+    nk = len(xs) - cn - bn
+    carry = {j for j in range(nk) if moves(cn + bn + j)}
+    seeds = {body.in_slots[j] for j in range(bn) if moves(cn + j)}
+    while True:
+        dep = _depends(body, seeds | {body.in_slots[bn + j] for j in carry})
+        grown = carry | {j for j, o in enumerate(body.out_slots) if not isinstance(o, Literal) and o in dep}
+        if grown == carry:
+            break
+        carry = grown
+    cdep = _depends(cplan, [cplan.in_slots[j] for j in range(cn) if moves(j)] + [cplan.in_slots[cn + j] for j in carry])
+    out = cplan.out_slots[0]
+    if not isinstance(out, Literal) and out in cdep:
+        raise CaptureError(f"capture_jax: {r.step_text()}: a while_loop whose trip count depends on the arguments "
+                           f"cannot be a static program (fori_loop/scan with static bounds can)")
+    return CONTROL_RULES["while"](r, st, xs, jenv)
+
+
+def _fed(rule):
+    """A loop rule whose operands that change between calls are fed (floats) or refused (data)."""
+    def run(r, st, xs, jenv):
+        xs = list(xs)
+        for j, (s, v) in enumerate(zip(st.ins, st.eqn.invars)):
+            if xs[j] is None and not isinstance(s, Literal) and not is_key(v.aval):
+                if r.at_top() and s in r.varying and is_float(v.aval):
+                    xs[j] = r.feed(s, jenv)
+                elif s in r.moving():
+                    raise CaptureError(f"capture_jax: {r.step_text()}: operand {j} ({v.aval.str_short()}) of the "
+                                       f"loop changes between calls and is not a float; loops may read such "
+                                       f"integer data only as constants")
+        return rule(r, st, xs, jenv)
+    return run
+
+
+def _cond_rule(r, st, xs, jenv):
+    s = st.ins[0]
+    if not isinstance(s, Literal) and (s in r.varying or xs[0] is not None):
+        raise CaptureError(f"capture_jax: {r.step_text()}: lax.cond/switch on a value that changes between calls "
+                           f"is not capturable yet; use jnp.where (lax.select) for values")
+    return CONTROL_RULES["cond"](r, st, xs, jenv)
+
+
+class Captured:
+    """A captured JAX function: ``program`` (a tapegrad Program) and ``operands(*args)``, the JAX-side
+    values of its operands for arguments ``args``: ``(params, inputs, data)``, each a list."""
+
+    def __init__(self, fn, tree, leaves, plan, diff, program, feeds, has_aux, aux_tree, aux_slots,
+                 argnums, nargs):
+        self.fn, self.tree, self.plan, self.diff, self.program = fn, tree, plan, diff, program
+        self._feeds, self.has_aux, self.aux_tree, self._aux_slots = feeds, has_aux, aux_tree, aux_slots
+        self.argnums, self.nargs = argnums, nargs
+        self._avals = [jax.typeof(x) for x in leaves]
+
+    def _leaves(self, who, args):
+        leaves, tree = jax.tree.flatten(args)
+        if tree != self.tree:
+            raise CaptureError(f"{who}: the arguments' structure {tree} is not the captured one {self.tree}")
+        out = []
+        for k, (x, a) in enumerate(zip(leaves, self._avals)):
+            x = jnp.asarray(x)
+            t = jax.typeof(x)
+            if tuple(t.shape) != tuple(a.shape) or (t.dtype != a.dtype and not is_key(a)):
+                raise CaptureError(f"{who}: argument leaf {k} must be {a.str_short()} (as captured), got "
+                                   f"{t.str_short()}")
+            out.append(x)
+        return out
+
+    def operands(self, *args):
+        """``(params, inputs, data, aux)`` for a call at ``args`` (traceable: runs inside ``jax.jit``)."""
+        leaves = self._leaves("capture_jax", args)
+        slots, steps, feed_slot, derived = self._feeds
+        vals, aux = self.plan.evaluate(self.plan.const_vals, leaves, (sorted(slots), steps))
+        dt = self.program.dtype
+        inputs, data = [], []
+        for kind, what in feed_slot:
+            x = vals[what] if kind == "slot" else what(vals, aux) if kind == "fn" else what
+            inputs.append(jnp.asarray(x, dt))
+        for kind, what in derived:
+            data.append(jnp.asarray(what(vals, aux) if kind == "fn" else what))
+        aux_out = [self.plan.out_value(vals, s) for s in self._aux_slots]
+        return [leaves[i] for i in self.diff], inputs, data, aux_out
+
+
+def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, Sequence[int]] = 0,
+                has_aux: bool = False, backend: str = "native", dtype: Optional[Any] = None) -> Captured:
+    """Record ``fn``'s differentiable part on a tape and capture it as a tapegrad program.
+
+    ``fn`` returns a float scalar (with ``has_aux``: ``(scalar, aux)``), as for ``jax.value_and_grad``;
+    the float leaves of the arguments ``argnums`` are the program's parameters, every other leaf is
+    data for it (integer labels, token ids, masks, keys, float batches), taken on every call. The
+    program computes in the parameters' dtype (float32 or float64) unless ``dtype`` says otherwise.
+
+    >>> import interop
+    >>> from interop import jnp
+    >>> cap = interop.capture_jax(lambda w, x, y: jnp.mean((x @ w - y) ** 2),
+    ...                           jnp.ones(3), jnp.eye(3), jnp.arange(3.0), backend="numpy")
+    >>> len(cap.program.params), len(cap.program.consts)
+    (1, 2)
+    """
+    which = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    nargs = len(example_args)
+    for a in which:
+        if not -nargs <= a < nargs:
+            raise CaptureError(f"capture_jax: argnums {argnums!r} is out of range for {nargs} positional arguments")
+    which = tuple(a % nargs for a in which)
+    leaves_p, tree = jax.tree_util.tree_flatten_with_path(example_args)
+    leaves = [x if isinstance(x, jax.Array) else jnp.asarray(x) for _, x in leaves_p]
+    arg_of = [path[0].idx for path, _ in leaves_p]
+    diff = [i for i, x in enumerate(leaves) if arg_of[i] in which and is_float(jax.typeof(x))]
+    if not diff:
+        raise CaptureError(f"capture_jax: no float leaf to differentiate in arguments {which}")
+    for i, x in enumerate(leaves):
+        if arg_of[i] in which and not is_float(jax.typeof(x)):
+            raise CaptureError(f"capture_jax: leaf {jax.tree_util.keystr(leaves_p[i][0])} of a differentiated "
+                               f"argument is {jax.typeof(x).str_short()}: as for jax.grad, differentiated "
+                               f"arguments hold floats only (pass integers and masks as other arguments)")
+    dts = {np.dtype(jax.typeof(leaves[i]).dtype) for i in diff}
+    dt = np.dtype(dtype) if dtype is not None else (np.dtype(np.float64) if np.dtype(np.float64) in dts
+                                                    else np.dtype(np.float32))
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise CaptureError(f"capture_jax: the program's dtype must be float32 or float64, got {dt}")
+
+    def flat(*xs):
+        return fn(*jax.tree.unflatten(tree, list(xs)))
+    try:
+        closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*leaves)
+    except jax.errors.ConcretizationTypeError as e:
+        raise TracingError(f"capture_jax traces fn as jax.jit does, so Python control flow on traced values "
+                           f"cannot run; JAX said: {str(e).splitlines()[0]}") from e
+    value_shape = out_shape[0] if has_aux else out_shape
+    if has_aux and not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
+        raise CaptureError("capture_jax: has_aux=True needs fn to return a pair (value, aux)")
+    if not hasattr(value_shape, "shape") or value_shape.shape != () or np.dtype(value_shape.dtype).kind != "f":
+        raise CaptureError(f"capture_jax: fn must return one float scalar, got {value_shape}"
+                           + ("" if has_aux else "; pass has_aux=True if fn returns (value, aux)"))
+    plan = Plan(closed)
+    tape = tg.Tape(dtype=dt, sources=False)
+    params = {i: tape.param(np.asarray(leaves[i], dt), name=jax.tree_util.keystr(leaves_p[i][0])) for i in diff}
+    tenv = {plan.in_slots[i]: v for i, v in params.items()}
+    r = _Capture(tape, plan, leaves, diff)
+    with np.errstate(all="ignore"):
+        jenv = plan.values(leaves)
+        outs = r.run(plan, tenv, jenv, top=True)
+    if r.unsupported:
+        raise UnsupportedPrimitiveError("capture_jax: " + ", ".join(
+            f"{n}" + (f" ({why})" if why else "") for n, why in r.unsupported.items()))
+    loss = outs[0]
+    if not isinstance(loss, tg.Var):
+        raise CaptureError("capture_jax: fn's value does not depend on the differentiated arguments")
+    prog = tg.capture(tape, loss, backend=backend, dtype=str(dt))
+    # the program's operands, in its registration order: each const is a fed slot or a constant, each data
+    # slot a derived feed or a constant
+    fed = {v.id: s for s, v in r.feeds.items()}
+    derived = {v.id: fn_ for v, fn_ in r.derived}
+    feed_slot = []
+    for k in prog.consts:
+        if k in fed:
+            feed_slot.append(("slot", fed[k]))
+        elif k in derived:
+            feed_slot.append(("fn", derived[k]))
+        else:
+            feed_slot.append(("const", np.array(prog.val[k])))
+    consts_fns = feed_slot
+    data_feeds = []
+    for k in prog.data:
+        data_feeds.append(("fn", derived[k]) if k in derived else ("value", np.array(prog.val[k])))
+    aux_slots = [s for s in plan.out_slots[1:]] if has_aux else []
+    slots = set(r.keep_slots) | {s for s in aux_slots if not isinstance(s, Literal)}
+
+    feeds = (slots, r.keep_steps, consts_fns, data_feeds)
+    return Captured(fn, tree, leaves, plan, diff, prog, feeds, has_aux,
+                    jax.tree.structure(out_shape[1]) if has_aux else None, aux_slots, which, nargs)
+
+
+def _grads_like(cap, grads):
+    """Gradients shaped as ``jax.grad``'s for ``argnums``: one pytree per differentiated argument."""
+    full = [None] * cap.tree.num_leaves
+    for i, g in zip(cap.diff, grads):
+        full[i] = g
+    args = jax.tree.unflatten(cap.tree, full)
+    return args[cap.argnums] if isinstance(cap.argnums, int) else tuple(args[a] for a in cap.argnums)
+
+
+def value_and_grad(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, Sequence[int]] = 0,
+                   has_aux: bool = False, backend: str = "native") -> Callable[..., Any]:
+    """A drop-in for ``jax.value_and_grad(fn, argnums, has_aux)`` whose forward and backward run as one
+    custom call of ``fn``'s captured program (``capture_jax`` at ``example_args``).
+
+    Jittable, ``vmap``-able and usable under ``shard_map`` (``program_call``'s rules); integer and bool
+    leaves are operands of every call. The arguments must keep the example's structure, shapes and dtypes.
+
+    >>> import interop
+    >>> from interop import jax, jnp
+    >>> loss = lambda w, x, y: jnp.mean((x @ w - y) ** 2)
+    >>> vg = interop.value_and_grad(loss, jnp.ones(3), jnp.eye(3), jnp.arange(3.0), backend="numpy")
+    >>> v, g = jax.jit(vg)(jnp.zeros(3), jnp.eye(3), jnp.ones(3))
+    >>> float(v), g.tolist()
+    (1.0, [-0.6666666865348816, -0.6666666865348816, -0.6666666865348816])
+    """
+    cap = capture_jax(fn, *example_args, argnums=argnums, has_aux=has_aux, backend=backend)
+    call = program_call(cap.program, data=True)
+    cap.argnums = argnums
+
+    def vg(*args):
+        params, inputs, data, aux = cap.operands(*args)
+        value, grads = jax.value_and_grad(lambda ps: call(*ps, *inputs, *data))(list(params))
+        grads = _grads_like(cap, grads)
+        if has_aux:
+            return (value, jax.tree.unflatten(cap.aux_tree, aux)), grads
+        return value, grads
+
+    vg.captured = cap
+    return vg
+
+
+def train_step(fn: Callable[..., Any], params: Any, *example_batch: Any, optimizer: Any,
+               backend: str = "native") -> tuple[Callable[..., Any], Any]:
+    """``(step, state)`` for training ``fn(params, *batch) -> loss`` with an optax optimizer.
+
+    ``step(state, *batch) -> (loss, state)`` is jitted with the state donated; ``state = (params,
+    opt_state)`` and ``opt_state`` is exactly ``optimizer.init(params)``'s, so training can switch to
+    plain optax (or back) at any step. The forward and backward run as the captured program's custom
+    call (``value_and_grad``); the update is ``optimizer.update`` itself, in XLA, so every optax
+    transform, schedule and mask works and computes optax's own arithmetic. ``state`` holds copies of
+    ``params`` (the step donates its state; the caller's arrays stay valid).
+    """
+    import optax
+    vg = value_and_grad(fn, params, *example_batch, argnums=0, backend=backend)
+
+    def step(state, *batch):
+        p, opt_state = state
+        loss, grads = vg(p, *batch)
+        updates, opt_state = optimizer.update(grads, opt_state, p)
+        return loss, (optax.apply_updates(p, updates), opt_state)
+
+    step = jax.jit(step, donate_argnums=0)
+    step.captured = vg.captured
+    params = jax.tree.map(jnp.array, params)   # copies: the first step donates them, the caller's stay alive
+    return step, (params, optimizer.init(params))

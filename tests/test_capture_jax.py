@@ -1,0 +1,260 @@
+"""interop.capture_jax / value_and_grad / train_step: JAX, flax and equinox losses, none rewritten,
+as tapegrad programs — checked against jax.value_and_grad (float64: 1e-12 relative; float32: 1e-5) and
+finite differences, with integer labels, token ids and masks that change between calls."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+
+import interop  # noqa: E402
+from interop import CaptureError  # noqa: E402
+
+BACKENDS = ("numpy", "native")
+
+
+@pytest.fixture(autouse=True)
+def x64():
+    with jax.enable_x64(True):
+        yield
+
+
+def rel(a, b):
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(la) == len(lb)
+    scale = max(float(jnp.max(jnp.abs(y))) for y in lb) or 1.0
+    return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(la, lb)) / scale
+
+
+def agree(vg, fn, args, bound=1e-12, argnums=0):
+    v, g = jax.jit(vg)(*args)
+    jv, jg = jax.value_and_grad(fn, argnums=argnums)(*args)
+    assert jax.tree.structure(g) == jax.tree.structure(jg)
+    assert abs(float(v) - float(jv)) <= bound * max(1.0, abs(float(jv)))
+    assert rel(g, jg) <= bound, rel(g, jg)
+    return v, g
+
+
+def fd_check(fn, params, args, grads, h=1e-6, tol=1e-6):
+    """Central differences along three random directions agree with the directional derivative."""
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        d = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape)), params)
+        plus = fn(jax.tree.map(lambda p, u: p + h * u, params, d), *args)
+        minus = fn(jax.tree.map(lambda p, u: p - h * u, params, d), *args)
+        fd = (float(plus) - float(minus)) / (2 * h)
+        dd = sum(float(jnp.sum(g * u)) for g, u in zip(jax.tree.leaves(grads), jax.tree.leaves(d)))
+        assert abs(fd - dd) <= tol * max(1.0, abs(dd)), (fd, dd)
+
+
+def mlp_loss(w, x, labels):
+    h = jax.nn.relu(x @ w["w1"] + w["b1"])
+    logits = h @ w["w2"]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+
+def mlp_params(rng, d=6, h=8, c=4, dtype=jnp.float64):
+    return {"w1": jnp.asarray(rng.standard_normal((d, h)), dtype), "b1": jnp.asarray(rng.uniform(0.1, 0.5, h), dtype),
+            "w2": jnp.asarray(rng.standard_normal((h, c)), dtype)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mlp_with_integer_labels_matches_jax_and_finite_differences_on_new_batches(backend):
+    rng = np.random.default_rng(0)
+    w = mlp_params(rng)
+    x, y = jnp.asarray(rng.standard_normal((5, 6))), jnp.array([0, 3, 1, 2, 3])
+    vg = interop.value_and_grad(mlp_loss, w, x, y, backend=backend)
+    assert vg.captured.program.backend == backend and vg.captured.program.data   # labels are a data slot
+    for _ in range(3):   # new labels and inputs each call: nothing of the example is frozen in
+        x, y = jnp.asarray(rng.standard_normal((5, 6))), jnp.asarray(rng.integers(0, 4, 5))
+        v, g = agree(vg, mlp_loss, (w, x, y))
+        fd_check(mlp_loss, w, (x, y), g)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_float32_model_runs_in_float32_within_its_bound(backend):
+    with jax.enable_x64(False):
+        rng = np.random.default_rng(2)
+        w = mlp_params(rng, dtype=jnp.float32)
+        x, y = jnp.asarray(rng.standard_normal((5, 6)), jnp.float32), jnp.array([1, 0, 2, 2, 3])
+        vg = interop.value_and_grad(mlp_loss, w, x, y, backend=backend)
+        assert vg.captured.program.dtype == np.float32
+        v, g = agree(vg, mlp_loss, (w, x, jnp.array([3, 3, 0, 1, 2])), bound=1e-5)
+        assert v.dtype == jnp.float32 and g["w1"].dtype == jnp.float32
+
+
+def attention_loss(p, x, lengths):
+    """One attention head with a causal mask and a padding mask from per-sequence lengths."""
+    B, T, _ = x.shape
+    q, k, v = x @ p["q"], x @ p["k"], x @ p["v"]
+    scores = jnp.einsum("btd,bsd->bts", q, k) / jnp.sqrt(q.shape[-1])
+    causal = jnp.tril(jnp.ones((T, T), bool))
+    pad = jnp.arange(T)[None, :] < lengths[:, None]
+    mask = causal[None] & pad[:, None, :]
+    att = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
+    out = jnp.einsum("bts,bsd->btd", att, v)
+    return jnp.sum(jnp.where(pad[:, :, None], jnp.tanh(out), 0.0) ** 2) / jnp.sum(lengths)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_with_masks_from_lengths_follows_each_call(backend):
+    rng = np.random.default_rng(3)
+    p = {n: jnp.asarray(rng.standard_normal((4, 4)) / 2) for n in "qkv"}
+    x = jnp.asarray(rng.standard_normal((2, 5, 4)))
+    vg = interop.value_and_grad(attention_loss, p, x, jnp.array([5, 3]), backend=backend)
+    for lengths in ([5, 3], [2, 4], [1, 5]):
+        _, g = agree(vg, attention_loss, (p, x, jnp.array(lengths)))
+    fd_check(attention_loss, p, (x, jnp.array([1, 5])), g)
+
+
+def bag_loss(table, ids, segments, target):
+    """An embedding bag: rows gathered by token id, summed per bag with segment_sum (a scatter-add)."""
+    rows = table[ids]
+    bags = jax.ops.segment_sum(rows, segments, num_segments=3)
+    return jnp.mean((jnp.tanh(bags) - target) ** 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_embedding_bag_with_token_ids_and_segments(backend):
+    rng = np.random.default_rng(4)
+    table = jnp.asarray(rng.standard_normal((10, 3)))
+    target = jnp.asarray(rng.standard_normal((3, 3)))
+    ids, seg = jnp.array([1, 4, 4, 9, 0, 2]), jnp.array([0, 0, 1, 1, 2, 2])
+    vg = interop.value_and_grad(bag_loss, table, ids, seg, target, backend=backend)
+    for ids, seg in (([1, 4, 4, 9, 0, 2], [0, 0, 1, 1, 2, 2]), ([7, 7, 7, 3, 5, 6], [0, 1, 1, 1, 2, 2])):
+        args = (table, jnp.array(ids), jnp.array(seg), target)
+        _, g = agree(vg, bag_loss, args)
+    fd_check(bag_loss, table, args[1:], g)
+
+
+def rnn_loss(p, xs):
+    def cell(h, x):
+        h = jnp.tanh(x @ p["wx"] + h @ p["wh"])
+        return h, jnp.sum(h)
+    h, ys = jax.lax.scan(cell, jnp.zeros(3), xs)
+    h = jax.lax.fori_loop(0, 2, lambda i, h: jnp.tanh(h @ p["wh"]), h)
+    return jnp.sum(h ** 2) + jnp.mean(ys)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scan_and_static_fori_loop_are_unrolled_with_the_sequence_fed_each_call(backend):
+    rng = np.random.default_rng(5)
+    p = {"wx": jnp.asarray(rng.standard_normal((2, 3))), "wh": jnp.asarray(rng.standard_normal((3, 3)) / 2)}
+    vg = interop.value_and_grad(rnn_loss, p, jnp.asarray(rng.standard_normal((4, 2))), backend=backend)
+    xs = jnp.asarray(rng.standard_normal((4, 2)))
+    _, g = agree(vg, rnn_loss, (p, xs))
+    fd_check(rnn_loss, p, (xs,), g)
+
+
+def test_has_aux_and_several_argnums_give_jax_s_structure():
+    rng = np.random.default_rng(6)
+    w = mlp_params(rng)
+    x, y = jnp.asarray(rng.standard_normal((5, 6))), jnp.array([0, 1, 2, 3, 0])
+
+    def f(w, x, y):
+        loss = mlp_loss(w, x, y)
+        return loss, {"loss2": loss * 2, "n": jnp.sum(y)}
+    vg = interop.value_and_grad(f, w, x, y, argnums=(0, 1), has_aux=True, backend="numpy")
+    (v, aux), g = jax.jit(vg)(w, x, y)
+    (jv, jaux), jg = jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(w, x, y)
+    assert isinstance(g, tuple) and len(g) == 2
+    assert rel(g, jg) <= 1e-12 and abs(float(v) - float(jv)) <= 1e-12
+    assert float(aux["loss2"]) == float(jaux["loss2"]) and int(aux["n"]) == int(jaux["n"])
+
+
+def test_vmap_gives_per_example_gradients():
+    rng = np.random.default_rng(7)
+    w = mlp_params(rng)
+    x, y = jnp.asarray(rng.standard_normal((4, 1, 6))), jnp.array([[0], [1], [2], [3]])
+    vg = interop.value_and_grad(mlp_loss, w, x[0], y[0], backend="native")
+    v, g = jax.jit(jax.vmap(vg, in_axes=(None, 0, 0)))(w, x, y)
+    jv, jg = jax.vmap(jax.value_and_grad(mlp_loss), in_axes=(None, 0, 0))(w, x, y)
+    assert rel(g, jg) <= 1e-12 and float(jnp.max(jnp.abs(v - jv))) <= 1e-12
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_flax_and_equinox_models_as_users_write_them(backend):
+    flax_nn = pytest.importorskip("flax.linen")
+    eqx = pytest.importorskip("equinox")
+
+    class CNN(flax_nn.Module):
+        @flax_nn.compact
+        def __call__(self, x):
+            x = flax_nn.Conv(4, (3, 3), param_dtype=jnp.float64)(x)
+            x = flax_nn.avg_pool(flax_nn.gelu(x), (2, 2), strides=(2, 2))
+            x = flax_nn.LayerNorm(param_dtype=jnp.float64)(x.reshape(x.shape[0], -1))
+            return flax_nn.Dense(3, param_dtype=jnp.float64)(x)
+    model = CNN()
+    rng = np.random.default_rng(8)
+    x = jnp.asarray(rng.standard_normal((2, 6, 6, 1)))
+    params = model.init(jax.random.key(0), x)["params"]
+
+    def flax_loss(params, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": params}, x), y).mean()
+    vg = interop.value_and_grad(flax_loss, params, x, jnp.array([0, 2]), backend=backend)
+    _, g = agree(vg, flax_loss, (params, jnp.asarray(rng.standard_normal((2, 6, 6, 1))), jnp.array([1, 1])))
+
+    mlp = eqx.nn.MLP(3, 2, 5, 2, key=jax.random.key(1), dtype=jnp.float64)
+    arrays, static = eqx.partition(mlp, eqx.is_array)
+
+    def eqx_loss(arrays, x, t):
+        m = eqx.combine(arrays, static)
+        return jnp.mean((jax.vmap(m)(x) - t) ** 2)
+    x, t = jnp.asarray(rng.standard_normal((4, 3))), jnp.asarray(rng.standard_normal((4, 2)))
+    vg = interop.value_and_grad(eqx_loss, arrays, x, t, backend=backend)
+    _, g = agree(vg, eqx_loss, (arrays, x * 2, t))
+    fd_check(eqx_loss, arrays, (x * 2, t), g)
+
+
+def test_train_step_keeps_optax_s_state_and_matches_plain_optax_over_100_steps():
+    rng = np.random.default_rng(9)
+    w = mlp_params(rng)
+    batches = [(jnp.asarray(rng.standard_normal((5, 6))), jnp.asarray(rng.integers(0, 4, 5))) for _ in range(4)]
+    sched = optax.cosine_decay_schedule(1e-2, 100)
+    for opt in (optax.adam(1e-2), optax.chain(optax.clip_by_global_norm(0.5),
+                                               optax.adamw(sched, weight_decay=1e-3,
+                                                           mask=lambda p: {"w1": True, "b1": False, "w2": True}))):
+        step, state = interop.train_step(mlp_loss, w, *batches[0], optimizer=opt)
+        assert jax.tree.structure(state[1]) == jax.tree.structure(opt.init(w))
+
+        @jax.jit
+        def ref(state, x, y):
+            p, s = state
+            loss, g = jax.value_and_grad(mlp_loss)(p, x, y)
+            u, s = opt.update(g, s, p)
+            return loss, (optax.apply_updates(p, u), s)
+        rstate = (w, opt.init(w))
+        for k in range(100):
+            x, y = batches[k % 4]
+            loss, state = step(state, x, y)
+            rloss, rstate = ref(rstate, x, y)
+            assert abs(float(loss) - float(rloss)) <= 1e-12 * max(1.0, abs(float(rloss)))
+        assert rel(state[0], rstate[0]) <= 1e-12
+        assert jax.tree.structure(state) == jax.tree.structure(rstate)
+        # continue with plain optax from train_step's state
+        _, cont = ref(state, *batches[0])
+        assert all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(cont[0]))
+
+
+def test_what_cannot_be_captured_is_named():
+    w = jnp.ones(3)
+
+    def newton(w):
+        def body(c):
+            x, i = c
+            return x - (x * x - w.sum()) / (2 * x), i + 1
+        x, _ = jax.lax.while_loop(lambda c: jnp.abs(c[0] * c[0] - w.sum()) > 1e-9, body, (jnp.array(1.0), 0))
+        return x
+    with pytest.raises(CaptureError, match="while_loop whose trip count depends on the arguments"):
+        interop.capture_jax(newton, w, backend="numpy")
+    with pytest.raises(CaptureError, match="lax.cond/switch"):
+        interop.capture_jax(lambda w, f: jax.lax.cond(f > 0, jnp.sum, jnp.prod, w), w, jnp.array(1.0),
+                            backend="numpy")
+    with pytest.raises(CaptureError, match="differentiated arguments hold floats only"):
+        interop.capture_jax(lambda p: jnp.sum(p["w"]) * p["n"], {"w": w, "n": jnp.array(2)}, backend="numpy")
+    with pytest.raises(CaptureError, match="no float leaf"):
+        interop.capture_jax(lambda n: jnp.sum(n * 1.0), jnp.arange(3), backend="numpy")
+    vg = interop.value_and_grad(lambda w, x: jnp.sum(w * x), w, w, backend="numpy")
+    with pytest.raises(CaptureError, match=r"argument leaf 1 must be float64\[3\] \(as captured\), got float64\[4\]"):
+        vg(w, jnp.ones(4))

@@ -258,3 +258,23 @@ def test_what_cannot_be_captured_is_named():
     vg = interop.value_and_grad(lambda w, x: jnp.sum(w * x), w, w, backend="numpy")
     with pytest.raises(CaptureError, match=r"argument leaf 1 must be float64\[3\] \(as captured\), got float64\[4\]"):
         vg(w, jnp.ones(4))
+
+
+def test_data_operands_of_program_call_are_checked_by_kind_and_shape():
+    rng = np.random.default_rng(10)
+    w = mlp_params(rng)
+    x, y = jnp.asarray(rng.standard_normal((5, 6))), jnp.array([0, 1, 2, 3, 0])
+    cap = interop.capture_jax(mlp_loss, w, x, y, backend="native")
+    call = interop.program_call(cap.program, data=True)
+    params, inputs, data, _ = cap.operands(w, x, y)
+    kinds = [d.dtype.kind for d in data]   # gather index maps (from the labels), fill and is_finite masks
+    assert len(kinds) == len(cap.program.data) and kinds[:2] == ["i", "b"]
+    loss = call(*params, *inputs, *data)
+    assert float(loss) == pytest.approx(float(mlp_loss(w, x, y)), rel=1e-12)
+    with pytest.raises(interop.ProgramError, match=r"data\[0\] must be int32 or int64 \(a data slot of the "
+                                                    r"program\), got float64"):
+        call(*params, *inputs, data[0].astype(jnp.float64), *data[1:])
+    with pytest.raises(interop.ProgramError, match=r"data\[1\] must have shape \(5, 1\)"):
+        call(*params, *inputs, data[0], data[1][:3], *data[2:])
+    with pytest.raises(interop.ProgramError, match=rf"expected {len(data)} data arrays"):
+        call(*params, *inputs, data[0])

@@ -278,3 +278,51 @@ def test_data_operands_of_program_call_are_checked_by_kind_and_shape():
         call(*params, *inputs, data[0], data[1][:3], *data[2:])
     with pytest.raises(interop.ProgramError, match=rf"expected {len(data)} data arrays"):
         call(*params, *inputs, data[0])
+
+
+def test_flax_batchnorm_in_training_mode_and_dropout_keys_per_call():
+    nn = pytest.importorskip("flax.linen")
+    F = {"param_dtype": jnp.float64, "dtype": jnp.float64}
+
+    class M(nn.Module):
+        @nn.compact
+        def __call__(self, x, train):
+            x = nn.BatchNorm(use_running_average=not train, **F)(nn.Dense(8, **F)(x))
+            x = nn.Dropout(0.3, deterministic=not train)(jax.nn.relu(x))
+            return nn.Dense(3, **F)(x)
+    m = M()
+    rng = np.random.default_rng(11)
+    x, y = jnp.asarray(rng.standard_normal((6, 4))), jnp.array([0, 1, 2, 0, 1, 2])
+    v = m.init({"params": jax.random.key(0), "dropout": jax.random.key(1)}, x, True)
+
+    def loss(p, bs, x, y, key):   # batch_stats mutable, returned as aux, as flax training loops do
+        logits, upd = m.apply({"params": p, "batch_stats": bs}, x, True, rngs={"dropout": key},
+                              mutable=["batch_stats"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean(), upd["batch_stats"]
+    vg = interop.value_and_grad(loss, v["params"], v["batch_stats"], x, y, jax.random.key(2), has_aux=True)
+    for k in (3, 4):   # another dropout key each call: another mask, computed by JAX
+        args = (v["params"], v["batch_stats"], x * 1.1, y, jax.random.key(k))
+        (val, stats), g = jax.jit(vg)(*args)
+        (jval, jstats), jg = jax.value_and_grad(loss, has_aux=True)(*args)
+        assert abs(float(val) - float(jval)) <= 1e-12 and rel(g, jg) <= 1e-12 and rel(stats, jstats) <= 1e-12
+
+
+def test_flax_nnx_module_through_split_and_merge():
+    nnx = pytest.importorskip("flax.nnx")
+
+    class M(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(4, 8, rngs=rngs, param_dtype=jnp.float64)
+            self.l2 = nnx.Linear(8, 3, rngs=rngs, param_dtype=jnp.float64)
+
+        def __call__(self, x):
+            return self.l2(jax.nn.silu(self.l1(x)))
+    graphdef, state = nnx.split(M(nnx.Rngs(0)))
+
+    def loss(state, x, y):
+        return optax.softmax_cross_entropy_with_integer_labels(nnx.merge(graphdef, state)(x), y).mean()
+    rng = np.random.default_rng(12)
+    x, y = jnp.asarray(rng.standard_normal((6, 4))), jnp.array([0, 1, 2, 0, 1, 2])
+    vg = interop.value_and_grad(loss, state, x, y)
+    _, g = agree(vg, loss, (state, x, y[::-1]))
+    fd_check(loss, state, (x, y[::-1]), g)

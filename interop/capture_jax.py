@@ -17,7 +17,8 @@ then captured. Every other value a recorded step reads is one of two things:
 So nothing that changes between calls is frozen into the program. What cannot be captured raises
 ``CaptureError`` naming the equation: a rule that would freeze a value (``pow`` with a traced
 exponent, ``sort``, ``clamp``…), integer data read inside a loop body, a ``while_loop`` whose trip count
-depends on the arguments, a ``cond`` on a traced predicate.
+depends on the arguments. ``cond``/``switch`` on an index that changes between calls records every
+branch and selects with ``tg.where``.
 """
 from typing import Any, Callable, Optional, Sequence, Union
 
@@ -139,10 +140,10 @@ def _step_index(r):
     return r._k
 
 
-def _data_feed(r, i, transform, example):
-    """Operand ``i`` of the current step, transformed by ``transform`` (jnp → jnp), as a data leaf fed per call
-    when it varies, else the transformed example (a constant)."""
-    s = _slot(r, i)
+def _data_feed(r, i, transform, example, slot=None):
+    """Operand ``i`` of the current step (or ``slot``), transformed by ``transform`` (jnp → jnp), as a data
+    leaf fed per call when it varies, else the transformed example (a constant)."""
+    s = _slot(r, i) if slot is None else slot
     if isinstance(s, Literal) or s not in r.varying or not r.at_top():
         return transform(jnp.asarray(example))
     r.keep_slots.add(s)
@@ -245,28 +246,62 @@ def _while_rule(r, st, xs, jenv):
     return CONTROL_RULES["while"](r, st, xs, jenv)
 
 
-def _fed(rule):
-    """A loop rule whose operands that change between calls are fed (floats) or refused (data)."""
+def _fed(rule, first=0):
+    """A loop rule whose operands (from ``first`` on) that change between calls are fed (floats) or refused (data)."""
     def run(r, st, xs, jenv):
         xs = list(xs)
         for j, (s, v) in enumerate(zip(st.ins, st.eqn.invars)):
-            if xs[j] is None and not isinstance(s, Literal) and not is_key(v.aval):
+            if j >= first and xs[j] is None and not isinstance(s, Literal) and not is_key(v.aval):
                 if r.at_top() and s in r.varying and is_float(v.aval):
                     xs[j] = r.feed(s, jenv)
                 elif s in r.moving():
                     raise CaptureError(f"capture_jax: {r.step_text()}: operand {j} ({v.aval.str_short()}) of the "
-                                       f"loop changes between calls and is not a float; loops may read such "
-                                       f"integer data only as constants")
+                                       f"loop or branch changes between calls and is not a float; loops and "
+                                       f"branches may read such integer data only as constants")
         return rule(r, st, xs, jenv)
     return run
 
 
 def _cond_rule(r, st, xs, jenv):
+    """``cond``/``switch``: on a constant index the branch taken; on one that changes between calls every
+    branch, joined by ``tg.where`` on the index JAX computes each call (``vmap``'s semantics)."""
     s = st.ins[0]
-    if not isinstance(s, Literal) and (s in r.varying or xs[0] is not None):
-        raise CaptureError(f"capture_jax: {r.step_text()}: lax.cond/switch on a value that changes between calls "
-                           f"is not capturable yet; use jnp.where (lax.select) for values")
-    return CONTROL_RULES["cond"](r, st, xs, jenv)
+    if isinstance(s, Literal) or (s not in r.moving() and xs[0] is None):
+        return CONTROL_RULES["cond"](r, st, xs, jenv)
+    if not r.at_top():
+        raise CaptureError(f"capture_jax: {r.step_text()}: lax.cond/switch on a value computed inside a loop body "
+                           f"is not capturable; use jnp.where (lax.select) for values")
+    if xs[0] is not None:
+        raise CaptureError(f"capture_jax: {r.step_text()}: the cond's index is a float on the tape")
+    xs = _fed(lambda r, st, xs, jenv: xs, first=1)(r, st, xs, jenv)
+    branches = st.eqn.params["branches"]
+    jin = [jenv.jax(x) for x in st.ins[1:]]
+    outs = []
+    for k, branch in enumerate(branches):
+        plan = Plan.of(branch)
+        tenv = {t: v for t, v in zip(plan.in_slots, xs[1:]) if v is not None}
+        r.where.append(f"branch {k}")
+        bouts = r.run(plan, tenv, plan.values(jin))
+        r.where.pop()
+        outs.append(bouts)
+    n = len(branches)
+    joined = []
+    for j, v in enumerate(st.eqn.outvars):
+        vals = [b[j] for b in outs]
+        if all(x is None for x in vals):
+            joined.append(None)
+            continue
+        if any(x is None for x in vals) or not is_float(v.aval):
+            raise CaptureError(f"capture_jax: {r.step_text()}: result {j} of the branches is on the tape in some "
+                               f"branches only; every branch must compute it from the differentiated arguments")
+        shape = tuple(v.aval.shape)
+        out = vals[0]
+        for k in range(1, n):
+            mask = _data_feed(r, 0, lambda p, k=k: jnp.broadcast_to(jnp.clip(p, 0, n - 1) == k, shape),
+                              jenv.np(s), slot=s)
+            out = tg.where(mask, vals[k], out)
+        joined.append(out)
+    return joined
 
 
 class Captured:

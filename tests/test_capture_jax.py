@@ -248,9 +248,10 @@ def test_what_cannot_be_captured_is_named():
         return x
     with pytest.raises(CaptureError, match="while_loop whose trip count depends on the arguments"):
         interop.capture_jax(newton, w, backend="numpy")
-    with pytest.raises(CaptureError, match="lax.cond/switch"):
-        interop.capture_jax(lambda w, f: jax.lax.cond(f > 0, jnp.sum, jnp.prod, w), w, jnp.array(1.0),
-                            backend="numpy")
+    def cond_in_loop(w, f):
+        return jax.lax.fori_loop(0, 2, lambda i, a: a + jax.lax.cond(f * a > 0, jnp.sum, jnp.prod, w), 0.0)
+    with pytest.raises(CaptureError, match="operand .* changes between calls and is not a float|inside a loop"):
+        interop.capture_jax(cond_in_loop, w, jnp.array(1.0), backend="numpy")
     with pytest.raises(CaptureError, match="differentiated arguments hold floats only"):
         interop.capture_jax(lambda p: jnp.sum(p["w"]) * p["n"], {"w": w, "n": jnp.array(2)}, backend="numpy")
     with pytest.raises(CaptureError, match="no float leaf"):
@@ -326,3 +327,16 @@ def test_flax_nnx_module_through_split_and_merge():
     vg = interop.value_and_grad(loss, state, x, y)
     _, g = agree(vg, loss, (state, x, y[::-1]))
     fd_check(loss, state, (x, y[::-1]), g)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cond_and_switch_on_call_values_capture_every_branch(backend):
+    def f(w, flag, k):
+        a = jax.lax.cond(flag > 0, lambda w: jnp.sum(jnp.tanh(w) ** 2), lambda w: jnp.sum(jnp.sin(w)), w)
+        b = jax.lax.switch(k, [lambda w: jnp.sum(w * w), lambda w: jnp.prod(w), lambda w: jnp.max(w)], w)
+        return a + b
+    w = jnp.array([0.3, -0.5, 1.2])
+    vg = interop.value_and_grad(f, w, jnp.array(1.0), jnp.array(0), backend=backend)
+    for flag, k in ((1.0, 0), (-1.0, 1), (2.0, 2), (-3.0, 7)):   # 7: clamped to the last branch, as in JAX
+        _, g = agree(vg, f, (w, jnp.array(flag), jnp.array(k)))
+    fd_check(f, w, (jnp.array(-3.0), jnp.array(7)), g)

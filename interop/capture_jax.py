@@ -358,8 +358,8 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
     >>> from interop import jnp
     >>> cap = interop.capture_jax(lambda w, x, y: jnp.mean((x @ w - y) ** 2),
     ...                           jnp.ones(3), jnp.eye(3), jnp.arange(3.0), backend="numpy")
-    >>> len(cap.program.params), len(cap.program.consts)
-    (1, 2)
+    >>> len(cap.program.params), len(cap.program.consts)   # x, y (fed each call) and the mean's 1/n
+    (1, 3)
     """
     which = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     nargs = len(example_args)
@@ -458,8 +458,8 @@ def value_and_grad(fn: Callable[..., Any], *example_args: Any, argnums: Union[in
     >>> loss = lambda w, x, y: jnp.mean((x @ w - y) ** 2)
     >>> vg = interop.value_and_grad(loss, jnp.ones(3), jnp.eye(3), jnp.arange(3.0), backend="numpy")
     >>> v, g = jax.jit(vg)(jnp.zeros(3), jnp.eye(3), jnp.ones(3))
-    >>> float(v), g.tolist()
-    (1.0, [-0.6666666865348816, -0.6666666865348816, -0.6666666865348816])
+    >>> float(v), [round(float(a), 6) for a in g]
+    (1.0, [-0.666667, -0.666667, -0.666667])
     """
     cap = capture_jax(fn, *example_args, argnums=argnums, has_aux=has_aux, backend=backend)
     call = program_call(cap.program, data=True)

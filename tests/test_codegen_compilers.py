@@ -179,3 +179,17 @@ def test_no_masked_vector_moves_in_a_program_of_every_op(cc, tmp_path):
         subprocess.run([cc, *flags, "-march=x86-64-v3", "-S", "-o", str(asm), str(src)], check=True)
         masked = [ln.strip() for ln in asm.read_text().splitlines() if "maskmov" in ln]
         assert not masked, (cc, name, masked[:5])
+
+
+def test_clang_alone_gets_the_avx10_warning_silenced(monkeypatch):
+    """clang 19's host detection on AVX10 CPUs warns about its own feature list; -Werror must not fail on it.
+    GCC gets no extra flag (it would reject an unknown -Wno- option next to another diagnostic)."""
+    from tapegrad.native import build
+    build.quirks.cache_clear()
+    monkeypatch.setattr(build, "compiler_identity", lambda path: f"{path}\n" + ("Debian clang version 19.1.7"
+                                                                              if "clang" in path else "gcc (Debian 12.2.0-14) 12.2.0"))
+    try:
+        assert build.quirks("/usr/bin/clang-19") == ("-Wno-invalid-feature-combination",)
+        assert build.quirks("/usr/bin/gcc-12") == ()
+    finally:
+        build.quirks.cache_clear()

@@ -105,6 +105,14 @@ def find_compiler():
 
 
 @functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)
+def quirks(path):
+    """Flags one compiler needs beside ``flags()``. clang 19 on AVX10 CPUs (Intel Xeon 6, Granite Rapids)
+    reads the host's features as ``+avx10.1-256`` and warns that it promotes them to 512 bits
+    (``-Winvalid-feature-combination``), which ``-Werror`` turns into a failed build of any source."""
+    return ("-Wno-invalid-feature-combination",) if "clang" in compiler_identity(path) else ()
+
+
 def compiler_identity(path):
     try:
         r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
@@ -226,7 +234,7 @@ def _compile(cc, source, lib, summ, d, prefix):
         with open(src, "w") as f:
             f.write(source)
         try:
-            p = subprocess.Popen([cc, *flags(), "-o", tmp, src, "-lm"], stdout=subprocess.PIPE,
+            p = subprocess.Popen([cc, *flags(), *quirks(cc), "-o", tmp, src, "-lm"], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True, start_new_session=True)
         except OSError as e:
             raise BuildError(f"native backend: the C compiler {cc} cannot run: {e}") from None

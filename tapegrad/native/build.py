@@ -107,8 +107,9 @@ def find_compiler():
 @functools.lru_cache(maxsize=8)
 @functools.lru_cache(maxsize=8)
 def quirks(path):
-    """Flags one compiler needs beside ``flags()``. clang 19 on AVX10 CPUs (Intel Xeon 6, Granite Rapids)
-    reads the host's features as ``+avx10.1-256`` and warns that it promotes them to 512 bits
+    """Flags one compiler needs beside ``flags()``. clang 19 on an Intel Xeon whose CPUID reports AVX10
+    (a 2-core VM with AMX and AVX-512; GCC calls it rocketlake) reads the host's features as
+    ``+avx10.1-256`` and warns that it promotes them to 512 bits
     (``-Winvalid-feature-combination``), which ``-Werror`` turns into a failed build of any source."""
     return ("-Wno-invalid-feature-combination",) if "clang" in compiler_identity(path) else ()
 

@@ -368,7 +368,15 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
             raise CaptureError(f"capture_jax: argnums {argnums!r} is out of range for {nargs} positional arguments")
     which = tuple(a % nargs for a in which)
     leaves_p, tree = jax.tree_util.tree_flatten_with_path(example_args)
-    leaves = [x if isinstance(x, jax.Array) else jnp.asarray(x) for _, x in leaves_p]
+    leaves = []
+    for path, x in leaves_p:
+        try:
+            leaves.append(x if isinstance(x, jax.Array) else jnp.asarray(x))
+        except TypeError:
+            raise CaptureError(f"capture_jax: argument leaf {jax.tree_util.keystr(path)} is a "
+                               f"{type(x).__name__}, not an array; pass a module's arrays and close over the rest "
+                               f"(equinox: arrays, static = eqx.partition(model, eqx.is_array), and "
+                               f"eqx.combine(arrays, static) inside fn)") from None
     arg_of = [path[0].idx for path, _ in leaves_p]
     diff = [i for i, x in enumerate(leaves) if arg_of[i] in which and is_float(jax.typeof(x))]
     if not diff:

@@ -340,3 +340,11 @@ def test_cond_and_switch_on_call_values_capture_every_branch(backend):
     for flag, k in ((1.0, 0), (-1.0, 1), (2.0, 2), (-3.0, 7)):   # 7: clamped to the last branch, as in JAX
         _, g = agree(vg, f, (w, jnp.array(flag), jnp.array(k)))
     fd_check(f, w, (jnp.array(-3.0), jnp.array(7)), g)
+
+
+def test_a_whole_equinox_module_as_the_argument_says_to_partition_it():
+    eqx = pytest.importorskip("equinox")
+    mlp = eqx.nn.MLP(3, 2, 4, 1, key=jax.random.key(0), dtype=jnp.float64)
+    with pytest.raises(CaptureError, match=r"argument leaf .* is a \w+, not an array; .*eqx.partition\(model, "
+                                           r"eqx.is_array\)"):
+        interop.capture_jax(lambda m, x: jnp.sum(m(x)), mlp, jnp.ones(3), backend="numpy")

@@ -29,7 +29,7 @@ from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
 from .oracle import TracingError
-from .oracle_replay import CONTROL, Literal, Plan, Replay, is_data, is_float, is_key
+from .oracle_replay import Literal, Plan, Replay, is_float, is_key
 from .oracle_rules import CONTROL_RULES, RULES, UnsupportedPrimitiveError, _flat, _out_shape, _reshape
 from .program import program_call
 
@@ -57,7 +57,7 @@ def _depends(plan, seeds):
 class _Capture(Replay):
     """The oracle's replay, with every value read from JAX fed per call or proven constant."""
 
-    def __init__(self, tape, plan, leaves, diff):
+    def __init__(self, tape, plan):
         super().__init__(tape, rtol=0.0, compare=False)
         self.plan = plan
         self.varying = _depends(plan, plan.in_slots)          # depends on some argument
@@ -136,10 +136,6 @@ def _slot(r, i):
     return r._st[1].ins[i]
 
 
-def _step_index(r):
-    return r._k
-
-
 def _data_feed(r, i, transform, example, slot=None):
     """Operand ``i`` of the current step (or ``slot``), transformed by ``transform`` (jnp → jnp), as a data
     leaf fed per call when it varies, else the transformed example (a constant)."""
@@ -162,16 +158,12 @@ def _select_n(r, xs, eqn):
 
 def _index_map(r):
     """The current gather/scatter's index map (1 + flat operand index, 0 where dropped), fed per call."""
-    k = _step_index(r)
-    varying = any(not isinstance(s, Literal) and s in r.varying for s in _slot_list(r)[1:2]) and r.at_top()
+    k, s = r._k, _slot(r, 1)      # the indices operand
+    varying = not isinstance(s, Literal) and s in r.varying and r.at_top()
     m = r.aux().reshape(-1)
     if varying:
         r.keep_steps.add(k)
     return m, varying, k
-
-
-def _slot_list(r):
-    return r._st[1].ins
 
 
 def _gather(r, xs, eqn):
@@ -409,7 +401,7 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
     tape = tg.Tape(dtype=dt, sources=False)
     params = {i: tape.param(np.asarray(leaves[i], dt), name=jax.tree_util.keystr(leaves_p[i][0])) for i in diff}
     tenv = {plan.in_slots[i]: v for i, v in params.items()}
-    r = _Capture(tape, plan, leaves, diff)
+    r = _Capture(tape, plan)
     with np.errstate(all="ignore"):
         jenv = plan.values(leaves)
         outs = r.run(plan, tenv, jenv, top=True)
@@ -432,14 +424,13 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
             feed_slot.append(("fn", derived[k]))
         else:
             feed_slot.append(("const", np.array(prog.val[k])))
-    consts_fns = feed_slot
     data_feeds = []
     for k in prog.data:
         data_feeds.append(("fn", derived[k]) if k in derived else ("value", np.array(prog.val[k])))
     aux_slots = [s for s in plan.out_slots[1:]] if has_aux else []
     slots = set(r.keep_slots) | {s for s in aux_slots if not isinstance(s, Literal)}
 
-    feeds = (slots, r.keep_steps, consts_fns, data_feeds)
+    feeds = (slots, r.keep_steps, feed_slot, data_feeds)
     return Captured(fn, tree, leaves, plan, diff, prog, feeds, has_aux,
                     jax.tree.structure(out_shape[1]) if has_aux else None, aux_slots, which, nargs)
 

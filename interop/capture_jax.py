@@ -68,9 +68,7 @@ class _Capture(Replay):
         self._plans = []
 
     def rules(self):
-        rules = {n: f for n, f in RULES.items() if n not in _FREEZING}
-        rules.update(_CAPTURE_RULES)
-        return rules, {"scan": _fed(CONTROL_RULES["scan"]), "while": _fed(_while_rule), "cond": _cond_rule}
+        return _RULES
 
     def run(self, plan, tenv, jenv, *args, **kw):
         self._plans.append((plan, set()))
@@ -294,6 +292,11 @@ def _cond_rule(r, st, xs, jenv):
             out = tg.where(mask, vals[k], out)
         joined.append(out)
     return joined
+
+
+# what the replay records with (built once: ``run`` asks for them on every loop iteration)
+_RULES = ({**{n: f for n, f in RULES.items() if n not in _FREEZING}, **_CAPTURE_RULES},
+          {"scan": _fed(CONTROL_RULES["scan"]), "while": _fed(_while_rule), "cond": _cond_rule})
 
 
 class Captured:

@@ -246,7 +246,7 @@ class _Sig:
                                        f"{tuple(aval.shape)}")
                 if name == "data":
                     kind = np.dtype(aval.dtype).kind
-                    ok = kind == "b" if self.data_bool[k] else (kind in "iu" and np.dtype(aval.dtype).itemsize >= 4)
+                    ok = kind == "b" if self.data_bool[k] else np.dtype(aval.dtype) in (np.int32, np.int64)  # tg_data_fits
                     if not ok:
                         want_kind = "bool" if self.data_bool[k] else "int32 or int64"
                         raise ProgramError(f"{who}: {label} must be {want_kind} (a data slot of the program), got "

@@ -7,6 +7,18 @@ else ``~/.cache/tapegrad``. Builds compile into a temporary file and ``os.replac
 never load a half-written one; a ``.sum`` file next to each library holds its SHA-256, and a library
 whose bytes do not match (a corrupt or truncated artifact) or that the loader rejects is rebuilt.
 
+Every library says which build it is: ``build`` appends to the source an exported string
+``tg_identity`` holding the file's name (``<name>-<key>``), the source's hash, the compiler and the
+flags. A library whose identity is not the one its name asks for (another program's library copied
+over it, a build for another ``-march``) is never called: ``build`` rebuilds it, and ``load`` raises
+``BuildError`` naming the file, what it expected and what it found. Reading the string runs none of
+the library's code; a freshly compiled library without it (a compiler that wrote something else) is
+not cached.
+
+``$CC`` is split as a shell would (``CC='ccache gcc'``, ``CC='gcc -O1'``): the first word is the
+program, the rest lead its arguments. The cache folder is made absolute, so no path on the compiler's
+command line starts with ``-`` (``TAPEGRAD_CACHE=-dcache`` would otherwise be read as an option).
+
 Every failure — no compiler, a compiler that fails, hangs (``$TAPEGRAD_CC_TIMEOUT`` seconds, default
 300) or writes nothing, a cache folder that cannot be created or written — raises ``BuildError``.
 Temporaries carry the compiling process's pid; those of dead processes (a ``kill -9`` mid-compile)
@@ -15,6 +27,7 @@ build, the least recently used libraries are removed until it fits. Compiler war
 (logger ``tapegrad``) and fatal only with ``TAPEGRAD_WERROR=1`` (the test suite and CI set it).
 """
 import ctypes
+import _ctypes
 import fcntl
 import functools
 import hashlib
@@ -22,6 +35,7 @@ import logging
 import os
 import platform
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -76,11 +90,15 @@ def _env_number(name, default):
 
 
 def cache_dir():
-    """The cache folder (created if needed); BuildError if it cannot be."""
+    """The cache folder, as an absolute path (created if needed); BuildError if it cannot be.
+
+    Absolute because its paths go on the compiler's command line: a relative ``-dcache`` would be
+    read as an option (GCC's ``-d`` dumps), leaving no source file and an empty library."""
     d = os.environ.get(ENV)
     if not d:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         d = os.path.join(base, "tapegrad")
+    d = os.path.abspath(d)
     try:
         os.makedirs(d, exist_ok=True)
     except FileExistsError:
@@ -92,34 +110,59 @@ def cache_dir():
     return d
 
 
+def _cc_words():
+    """``$CC`` split as a shell would (``[]`` when unset or blank); BuildError for unbalanced quotes."""
+    raw = os.environ.get("CC", "")
+    try:
+        return shlex.split(raw)
+    except ValueError as e:
+        raise BuildError(f"native backend: $CC={raw!r} cannot be split into words as a shell would ({e}); "
+                         f"quote it as for sh, e.g. CC='ccache gcc'") from None
+
+
 def find_compiler():
-    """The C compiler: ``$CC`` if set, else the first of cc, gcc, clang on PATH; BuildError if none."""
-    cands = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
+    """The C compiler program: the first word of ``$CC`` if set (``CC='ccache gcc'`` runs ccache), else the
+    first of cc, gcc, clang on PATH; BuildError if none. ``cc_args()`` are the words after it."""
+    words = _cc_words()
+    cands = words[:1] or ["cc", "gcc", "clang"]
     for c in cands:
         path = shutil.which(c)
         if path:
             return path
-    raise BuildError(f"native backend: no C compiler found (looked for {', '.join(cands)} on PATH="
+    looked = f"{words[0]} (the first word of $CC={os.environ['CC']!r})" if len(words) > 1 else ", ".join(cands)
+    raise BuildError(f"native backend: no C compiler found (looked for {looked} on PATH="
                      f"{os.environ.get('PATH', '')!r}); install one (e.g. `apt-get install gcc`) or set CC, "
                      f"or capture with backend='numpy'")
 
 
+def cc_args():
+    """The words of ``$CC`` after the program: they lead every call of it (``-O1`` of ``CC='gcc -O1'``,
+    ``gcc`` of ``CC='ccache gcc'``)."""
+    return tuple(_cc_words()[1:])
+
+
+def _cc_name(cc):
+    """The compiler as messages name it: its file name and the arguments ``$CC`` gives it."""
+    return " ".join([os.path.basename(cc), *cc_args()])
+
+
 @functools.lru_cache(maxsize=8)
-@functools.lru_cache(maxsize=8)
-def quirks(path):
+def quirks(path, *args):
     """Flags one compiler needs beside ``flags()``. clang 19 on an Intel Xeon whose CPUID reports AVX10
     (a 2-core VM with AMX and AVX-512; GCC calls it rocketlake) reads the host's features as
     ``+avx10.1-256`` and warns that it promotes them to 512 bits
     (``-Winvalid-feature-combination``), which ``-Werror`` turns into a failed build of any source."""
-    return ("-Wno-invalid-feature-combination",) if "clang" in compiler_identity(path) else ()
+    return ("-Wno-invalid-feature-combination",) if "clang" in compiler_identity(path, *args) else ()
 
 
-def compiler_identity(path):
+def compiler_identity(path, *args):
+    """The compiler's command (``path`` and the leading ``args`` from ``$CC``) and its ``--version`` text
+    (through a wrapper such as ccache: the wrapped compiler's)."""
     try:
-        r = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=30)
+        r = subprocess.run([path, *args, "--version"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise BuildError(f"native backend: the C compiler {path} cannot run: {e}") from None
-    return f"{path}\n{r.stdout}"
+        raise BuildError(f"native backend: the C compiler {' '.join([path, *args])} cannot run: {e}") from None
+    return f"{' '.join([path, *args])}\n{r.stdout}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -139,11 +182,51 @@ def cpu_identity():
 
 
 def key_of(source, cc):
+    """The cache key of ``source`` built by the compiler ``cc`` (with ``cc_args()``), ``flags()``, on this CPU."""
+    return _key(source, compiler_identity(cc, *cc_args()))
+
+
+def _key(source, who):
     h = hashlib.sha256()
-    for part in (source, " ".join(flags()), compiler_identity(cc), cpu_identity()):
+    for part in (source, " ".join(flags()), who, cpu_identity()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
+
+
+# ── what a library says it is ────────────────────────────────────────────────
+
+IDENTITY = "tg_identity"
+
+
+def identity(lib, source, cc, who):
+    """The identity the library file ``lib`` must export: ``tapegrad <its file name>; source sha256 …;
+    cc <command> (<version>); flags …``. The file name carries the key, which hashes all the rest."""
+    version = (who.splitlines()[1:2] or ["?"])[0].strip()
+    return (f"tapegrad {os.path.basename(lib)[:-3]}; source sha256 {hashlib.sha256(source.encode()).hexdigest()[:16]}; "
+            f"cc {' '.join([cc, *cc_args()])} ({version}); flags {' '.join(flags() + quirks(cc, *cc_args()))}")
+
+
+def stamp(ident):
+    """C text exporting ``ident`` as ``tg_identity`` (appended to every source ``build`` compiles)."""
+    text = "".join(c if " " <= c <= "~" and c not in '"\\?' else "".join(f"\\{b:03o}" for b in c.encode())
+                   for c in ident)     # '?' escaped too: -std=c11 reads trigraphs
+    return (f"\n/* appended by tapegrad.native.build: which build this library is (read before any call) */\n"
+            f"extern const char {IDENTITY}[];\nconst char {IDENTITY}[] = \"{text}\";\n")
+
+
+def _identity_in(handle):
+    """The identity a loaded library exports, or None: reads its data, runs none of its code."""
+    try:
+        return ctypes.string_at(ctypes.addressof(ctypes.c_char.in_dll(handle, IDENTITY))).decode("utf-8", "replace")
+    except ValueError:    # no such symbol
+        return None
+
+
+def _close(handle):
+    """Unload a library that will not be used. Needed before its file is rebuilt: the loader hands back
+    an object it still holds for the same path name instead of reading the new file."""
+    _ctypes.dlclose(handle._handle)
 
 
 def _sha(path):
@@ -162,24 +245,36 @@ def _valid(lib, summ):
         return False
 
 
-def _loads(lib):
-    """Whether the dynamic loader accepts ``lib`` (a checksum-valid but foreign or damaged file may not)."""
+def _usable(lib, summ, want, warn=True):
+    """Whether the cached ``lib`` can be served: its checksum matches, the loader accepts it and it
+    exports the identity ``want`` (another program's library renamed to this one does not)."""
+    if not _valid(lib, summ):
+        return False
     try:
-        ctypes.CDLL(lib)
-        return True
+        handle = ctypes.CDLL(lib)
     except OSError:
         return False
+    found = _identity_in(handle)
+    if found == want:
+        return True
+    _close(handle)
+    if warn:
+        log.warning("native build %s: the cached library is another build (%s); rebuilding it", os.path.basename(lib),
+                    f"its identity: {found!r}" if found else f"it exports no {IDENTITY}")
+    return False
 
 
 def build(source: str, name: str = "tg") -> str:
     """Path to the shared library for ``source`` (compiled now unless a valid cached copy exists)."""
     t0 = time.perf_counter()
     cc = find_compiler()
-    key = key_of(source, cc)
+    who = compiler_identity(cc, *cc_args())
+    key = _key(source, who)
     d = cache_dir()
     lib = os.path.join(d, f"{name}-{key}.so")
     summ = lib + ".sum"
-    if _valid(lib, summ) and _loads(lib):
+    want = identity(lib, source, cc, who)
+    if _usable(lib, summ, want):
         _touch(lib)
         log.info("native build %s: cache hit (%s)", os.path.basename(lib), d)
         return lib
@@ -191,15 +286,15 @@ def build(source: str, name: str = "tg") -> str:
     with lock:
         _acquire(lock, lib)
         try:
-            if _valid(lib, summ) and _loads(lib):      # another process built it while we waited
+            if _usable(lib, summ, want, warn=False):      # another process built it while we waited
                 log.info("native build %s: built by another process while waiting", os.path.basename(lib))
                 return lib
             sweep_temporaries(d, None, marker=".tmp-")   # every key's: dead builders' folders
-            _compile(cc, source, lib, summ, d, f"{name}-{key}.tmp-{os.getpid()}-")
+            _compile(cc, source, lib, summ, d, f"{name}-{key}.tmp-{os.getpid()}-", want)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     log.info("native build %s: cache miss, compiled with %s in %.2f s", os.path.basename(lib),
-             os.path.basename(cc), time.perf_counter() - t0)
+             _cc_name(cc), time.perf_counter() - t0)
     _evict(d, keep=lib)
     return lib
 
@@ -218,11 +313,13 @@ def _acquire(lock, lib):
             time.sleep(0.05)
 
 
-def _compile(cc, source, lib, summ, d, prefix):
-    """Compile in a private temporary folder (``<prefix>XXXX/``), then rename the library into place.
+def _compile(cc, source, lib, summ, d, prefix, want):
+    """Compile ``source`` with the identity ``want`` appended in a private temporary folder
+    (``<prefix>XXXX/``), check that the library exports it, then rename the library into place.
 
     A compiler orphaned by a ``kill -9`` of this process may still write its output later: into a
-    folder that the next build has removed, so it leaves nothing behind.
+    folder that the next build has removed, so it leaves nothing behind. Every path on the command
+    line is absolute (``cache_dir``), so none can be read as an option.
     """
     try:
         work = tempfile.mkdtemp(dir=d, prefix=prefix)
@@ -231,12 +328,13 @@ def _compile(cc, source, lib, summ, d, prefix):
                          f"a writable folder") from None
     src, tmp = os.path.join(work, "src.c"), os.path.join(work, "lib.so")
     timeout = _env_number(TIMEOUT_ENV, 300.0)
+    name = _cc_name(cc)
     try:
         with open(src, "w") as f:
-            f.write(source)
+            f.write(source + stamp(want))
         try:
-            p = subprocess.Popen([cc, *flags(), *quirks(cc), "-o", tmp, src, "-lm"], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
+            p = subprocess.Popen([cc, *cc_args(), *flags(), *quirks(cc, *cc_args()), "-o", tmp, src, "-lm"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         except OSError as e:
             raise BuildError(f"native backend: the C compiler {cc} cannot run: {e}") from None
         try:
@@ -244,15 +342,16 @@ def _compile(cc, source, lib, summ, d, prefix):
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)   # the driver and its cc1/as/ld children
             p.communicate()
-            raise BuildError(f"native backend: {os.path.basename(cc)} did not finish within {timeout:g} s "
+            raise BuildError(f"native backend: {name} did not finish within {timeout:g} s "
                              f"(${TIMEOUT_ENV}); it was killed") from None
         if p.returncode != 0:
             kept = lib[:-3] + ".failed.c"     # one per key, kept for a bug report
             os.replace(src, kept)
-            raise BuildError(f"native backend: {os.path.basename(cc)} failed (exit {p.returncode}) on generated "
+            raise BuildError(f"native backend: {name} failed (exit {p.returncode}) on generated "
                              f"source {kept}:\n{err[-4000:]}")
         if not os.path.isfile(tmp) or os.path.getsize(tmp) == 0:
-            raise BuildError(f"native backend: {os.path.basename(cc)} exited 0 but wrote no library; check CC")
+            raise BuildError(f"native backend: {name} exited 0 but wrote no library; check CC")
+        _check_built(tmp, want, name, lib)
         if err.strip():
             log.warning("native build %s: compiler warnings (set %s=1 to make them errors):\n%s",
                         os.path.basename(lib), WERROR_ENV, err[-4000:])
@@ -268,11 +367,36 @@ def _compile(cc, source, lib, summ, d, prefix):
         shutil.rmtree(work, ignore_errors=True)
 
 
-def load(path):
+def _check_built(tmp, want, name, lib):
+    """A compiled library goes into the cache only if the loader accepts it and it exports ``want``."""
     try:
-        return ctypes.CDLL(path)
+        handle = ctypes.CDLL(tmp)
+    except OSError as e:
+        raise BuildError(f"native backend: {name} exited 0 but wrote a library the loader rejects ({e}); "
+                         f"nothing was cached for {os.path.basename(lib)}; check CC") from None
+    found = _identity_in(handle)
+    _close(handle)
+    if found != want:
+        raise BuildError(f"native backend: {name} exited 0 but its library for {os.path.basename(lib)} "
+                         f"{f'exports the identity {found!r}' if found else f'exports no {IDENTITY}'} instead of "
+                         f"{want!r} (was the source compiled at all?); nothing was cached; check CC")
+
+
+def load(path):
+    """Load a library ``build`` returned, after checking, before anything in it is called, that it is
+    the build its file name says (its ``tg_identity`` names that file); BuildError otherwise."""
+    try:
+        handle = ctypes.CDLL(path)
     except OSError as e:
         raise BuildError(f"native backend: cannot load {path}: {e}") from None
+    found = _identity_in(handle)
+    want = f"tapegrad {os.path.basename(path)[:-3]};"
+    if found is None or not found.startswith(want):
+        _close(handle)
+        raise BuildError(f"native backend: {path} is not the library its name says: expected an {IDENTITY} "
+                         f"starting {want!r}, found {repr(found) if found else f'no {IDENTITY}'}; it was not "
+                         f"called (the next build of this program replaces it)")
+    return handle
 
 
 # ── cache management ─────────────────────────────────────────────────────────

@@ -93,28 +93,30 @@ class _Opt:
         self.conf.params, self.conf.tape = [], None
         self.lr, self.clip, self.clip_mode = optimizer.lr, optimizer.clip, optimizer.clip_mode
         self.l2 = list(optimizer.l2)
+        self.wd = list(optimizer.wd)
+        self.moments = optimizer.moments   # Adam's mu and nu; momentum SGD's trace, kept as mu
         self.ids = [v.id for v in optimizer.params]
         self.count = optimizer.count
         self.touched = [i in prog.reached_params for i in self.ids]
         # the program's whole parameter slab in registration order: moments laid out like it
         self.whole = self.ids == prog.params
         self.mslab = self.nslab = None
-        if self.kind == "Adam" and self.whole:
-            self.mslab, self.mu, _ = slab_views([prog.shapes[i] for i in self.ids], prog.dtype)
-            self.nslab, self.nu, _ = slab_views([prog.shapes[i] for i in self.ids], prog.dtype)
-            for have, m, n in zip(zip(self.mu, self.nu), optimizer.mu, optimizer.nu):
-                np.copyto(have[0], m, casting="unsafe")
-                np.copyto(have[1], n, casting="unsafe")
-        elif self.kind == "Adam":
-            self.mu = [aligned_copy(m, prog.dtype) for m in optimizer.mu]
-            self.nu = [aligned_copy(n, prog.dtype) for n in optimizer.nu]
-        else:
-            self.mu, self.nu = [], []
+        self.mu, self.nu = [], []
+        saved = optimizer.state_dict()
+        for key in ("mu", "nu")[:self.moments]:
+            if self.whole:
+                slab, views, _ = slab_views([prog.shapes[i] for i in self.ids], prog.dtype)
+                for have, a in zip(views, saved[key]):
+                    np.copyto(have, a, casting="unsafe")
+            else:
+                slab, views = None, [aligned_copy(a, prog.dtype) for a in saved[key]]
+            setattr(self, key, views)
+            setattr(self, key[0] + "slab", slab)
 
     def config_key(self):
         c = self.conf
-        extra = (c.b1, c.b2, c.eps, c.eps_mode) if self.kind == "Adam" else ()
-        return (self.kind, self.lr, self.clip, self.clip_mode, tuple(self.l2), tuple(self.ids)) + extra
+        extra = (c.b1, c.b2, c.eps, c.eps_mode) if self.kind == "Adam" else (c.momentum, c.nesterov)
+        return (self.kind, self.lr, self.clip, self.clip_mode, tuple(self.l2), tuple(self.wd), tuple(self.ids)) + extra
 
 
 class Program:
@@ -378,6 +380,9 @@ class Program:
             raise ForeignVarError("attach: the optimizer serves another tape than the captured one")
         for v in optimizer.params:
             self._slot(v, "attach")
+        if self.backend == "cupy" and (any(optimizer.wd) or getattr(optimizer, "momentum", 0.0)):
+            raise TapeError(f"attach: the cupy backend runs plain SGD and Adam; {optimizer.kind}'s "
+                            f"{'weight decay' if any(optimizer.wd) else 'momentum'} runs on 'native' and 'numpy'")
         self.opt = _Opt(optimizer, self)
         self.runner.attached()
         self._unverified_step = self.verify
@@ -471,14 +476,14 @@ class Program:
                 np.copyto(tape._val[k], self.val[k], casting="unsafe")
 
     def optimizer_state(self) -> dict[str, Any]:
-        """The attached optimizer's state (``count``, and Adam's ``mu``/``nu`` copies) as the tape's form."""
+        """The attached optimizer's state (``count``, and copies of Adam's ``mu``/``nu`` or momentum SGD's
+        trace ``mu``) as the tape's form."""
         if self.opt is None:
             raise TapeError("optimizer_state: no optimizer attached")
         self.runner.pull_count()
         st = {"count": self.opt.count}
-        if self.opt.kind == "Adam":
-            st["mu"] = [m.copy() for m in self.opt.mu]
-            st["nu"] = [v.copy() for v in self.opt.nu]
+        for key in ("mu", "nu")[:self.opt.moments]:
+            st[key] = [m.copy() for m in getattr(self.opt, key)]
         return st
 
     def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
@@ -489,8 +494,8 @@ class Program:
         count = state.get("count")
         if not isinstance(count, (int, np.integer)) or count < 0:
             raise TapeError(f"load_optimizer_state: count must be a non-negative int, got {count!r}")
-        if o.kind == "Adam":
-            for key in ("mu", "nu"):
+        if o.moments:
+            for key in ("mu", "nu")[:o.moments]:
                 arrays = state.get(key)
                 if arrays is None or len(arrays) != len(o.ids):
                     raise TapeError(f"load_optimizer_state: expected {len(o.ids)} '{key}' arrays")
@@ -498,7 +503,7 @@ class Program:
                     if np.shape(a) != self.shapes[o.ids[k]]:
                         raise ShapeError(f"load_optimizer_state: {key}[{k}] ({self._label(o.ids[k])}) must have shape "
                                          f"{self.shapes[o.ids[k]]}, got {np.shape(a)}")
-            for key in ("mu", "nu"):
+            for key in ("mu", "nu")[:o.moments]:
                 for have, new in zip(getattr(o, key), state[key]):
                     np.copyto(have, new, casting="unsafe")
         o.count = int(count)

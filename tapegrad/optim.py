@@ -1,4 +1,5 @@
-"""Optimizers over tape parameters: SGD and Adam, per-parameter L2, global-norm clipping.
+"""Optimizers over tape parameters: SGD (with momentum) and Adam (with decoupled weight decay), per-parameter
+L2, global-norm clipping.
 
 An optimizer is a small transform with explicit state (``count``, ``mu``, ``nu``). Each step:
 
@@ -8,7 +9,7 @@ An optimizer is a small transform with explicit state (``count``, ``mu``, ``nu``
    the rounding of ``clip_mode`` — "optax": ``(g / norm) · maxn`` when ``norm >= maxn``; "seed":
    ``g · (maxn / norm)`` when ``norm > maxn``; "torch": ``g · (maxn / (norm + 1e-6))`` when that
    factor is below 1;
-3. the update. The arithmetic of one parameter lives in ``sgd_update`` / ``adam_update`` and the
+3. the update (SGD's momentum trace and AdamW's decoupled decay in optax's order). The arithmetic of one parameter lives in ``sgd_update`` / ``adam_update`` and the
    per-step host scalars in ``step_scalars(count)``, so a captured program replays the very same
    expressions and can never freeze a bias correction into its graph.
 """
@@ -63,18 +64,29 @@ def clips(norm, maxn, mode):
     return maxn / (norm + 1e-6) < 1.0
 
 
-def sgd_update(w, g, lr, t):
-    """w ← w − lr·g."""
-    np.multiply(lr, g, out=t)
+def sgd_update(w, g, lr, t, trace=None, momentum=0.0, nesterov=False, u=None):
+    """w ← w − lr·d with d = g, or with momentum (optax's ``trace``): trace ← g + m·trace and
+    d = trace, or d = g + m·trace (Nesterov); ``u``: scratch of w's shape for Nesterov's d."""
+    d = g
+    if trace is not None:
+        np.multiply(momentum, trace, out=t)
+        np.add(g, t, out=trace)
+        d = trace
+        if nesterov:
+            np.multiply(momentum, trace, out=t)
+            np.add(g, t, out=u)
+            d = u
+    np.multiply(lr, d, out=t)
     np.subtract(w, t, out=w)
 
 
-def adam_update(w, g, mu, nu, b1, b2, eps, sc, mode, t, u):
+def adam_update(w, g, mu, nu, b1, b2, eps, sc, mode, t, u, wd=None):
     """One Adam update of ``w``, ``mu``, ``nu`` in place (``t``, ``u``: scratch of w's shape).
 
     "optax" (Algorithm 1 of Kingma & Ba, as optax computes it; PyTorch's formula is the same):
         mu ← (1−b1)·g + b1·mu;  nu ← (1−b2)·g² + b2·nu
-        w  ← w + (−lr)·[(mu / (1−b1ᵗ)) / (√(nu / (1−b2ᵗ)) + eps)]
+        w  ← w + (−lr)·[(mu / (1−b1ᵗ)) / (√(nu / (1−b2ᵗ)) + eps) + wd·w]
+    (``wd``: AdamW's decoupled weight decay, a scalar or one coefficient per element; None: none)
     "hat" (the seed's ε-hat form, as sklearn and TF1):
         mu ← b1·mu + (1−b1)·g;  nu ← b2·nu + (1−b2)·g²
         w  ← w − lr_t·(mu / (√nu + eps)),  lr_t = lr·√(1−b2ᵗ)/(1−b1ᵗ)
@@ -93,6 +105,9 @@ def adam_update(w, g, mu, nu, b1, b2, eps, sc, mode, t, u):
         np.add(t, eps, out=t)
         np.divide(mu, bc1, out=u)
         np.divide(u, t, out=u)
+        if wd is not None:
+            np.multiply(wd, w, out=t)
+            np.add(u, t, out=u)
         np.multiply(neg_lr, u, out=u)
         np.add(w, u, out=w)
     else:
@@ -114,12 +129,22 @@ def adam_update(w, g, mu, nu, b1, b2, eps, sc, mode, t, u):
 class Unit:
     """One update call's views: a whole run of parameters, or one parameter of it."""
 
-    def __init__(self, run, sl, members, l2):
+    def __init__(self, run, sl, members, l2, wd):
         self.w, self.g = run.w[sl], run.g[sl]
         self.state = [m[sl] for m in run.state]
         self.t, self.u, self.buf = (t[sl] for t in run.tmp)   # update scratch, and the adjusted g
-        self.l2 = l2
+        self.l2, self.wd = l2, wd
         self.members = members   # (registration index, slice of this unit) per parameter
+
+
+def coefficients(n, dtype, spans, cs):
+    """Per-parameter coefficients (l2, weight decay) spread over a run of ``n`` elements; None if all 0."""
+    if not any(cs):
+        return None
+    out = np.zeros(n, dtype)
+    for sp, c in zip(spans, cs):
+        out[sp] = c
+    return out
 
 
 class Run:
@@ -130,20 +155,16 @@ class Run:
     touched, its touched neighbours update one by one through views of the same memory.
     """
 
-    def __init__(self, store, si, lo, hi, members, offsets, sizes, l2s, moments):
+    def __init__(self, store, si, lo, hi, members, offsets, sizes, l2s, wds, moments):
         self.members, self.offsets, self.sizes = members, offsets, sizes
         self.w, self.g = store.span(si, lo, hi)
         self.state = [np.zeros(hi - lo, store.dtype) for _ in range(moments)]
         self.tmp = [np.empty(hi - lo, store.dtype) for _ in range(3)]
-        l2 = None
-        if any(l2s):
-            l2 = np.zeros(hi - lo, store.dtype)
-            for off, n, c in zip(offsets, sizes, l2s):
-                l2[off:off + n] = c
         spans = [slice(off, off + n) for off, n in zip(offsets, sizes)]
-        self.whole = Unit(self, slice(None), list(zip(members, spans)), l2)
-        self.singles = [Unit(self, sp, [(k, slice(None))], c or None)
-                        for k, sp, c in zip(members, spans, l2s)]
+        l2, wd = (coefficients(hi - lo, store.dtype, spans, cs) for cs in (l2s, wds))
+        self.whole = Unit(self, slice(None), list(zip(members, spans)), l2, wd)
+        self.singles = [Unit(self, sp, [(k, slice(None))], c or None, d or None)
+                        for k, sp, c, d in zip(members, spans, l2s, wds)]
 
     def piece(self, a, j):
         return a[self.offsets[j]:self.offsets[j] + self.sizes[j]]
@@ -156,6 +177,8 @@ class Optimizer:
     tape: Optional[Tape]
     params: list[Var]
     l2: list[float]
+    wd: list[float]
+    weight_decay = 0.0
     _runs: list[Run]
     _where: list[Any]
 
@@ -171,16 +194,21 @@ class Optimizer:
         self.tape = None
         self.params = []
         self.l2 = []
+        self.wd = []
         self._runs = []
         self._where = []   # per parameter: (run, index in run)
         self._drops = -1   # the tape's parameter-drop count when the parameters were last checked
 
-    def add(self, tape: Tape, var: Var, l2: float = 0.0) -> Var:
-        """Register one tape parameter with its own L2 coefficient (typically 0 for biases)."""
+    def add(self, tape: Tape, var: Var, l2: float = 0.0, wd: Optional[float] = None) -> Var:
+        """Register one tape parameter with its own L2 coefficient (typically 0 for biases) and, for Adam,
+        its own decoupled weight decay ``wd`` (default: the optimizer's ``weight_decay``; 0 masks it out)."""
         if self.tape is not None and tape is not self.tape:
             raise TapeError(f"{self.kind}.add: this optimizer already serves another tape")
         i = tape._index(var, f"{self.kind}.add", "var")
         l2 = _number(f"{self.kind}.add (node {i})", "l2", l2, 0.0, math.inf)
+        wd = self.weight_decay if wd is None else _number(f"{self.kind}.add (node {i})", "wd", wd, 0.0, math.inf)
+        if wd and self.kind != "Adam":
+            raise ConfigError(f"{self.kind}.add (node {i}): wd (decoupled weight decay) is Adam's; use l2 here")
         self.check_params(f"{self.kind}.add")
         if tape._nodes[i].op.name != "param":
             raise TapeError(f"{self.kind}.add (node {i}): expected a param, got a {tape._nodes[i].op.name} node")
@@ -190,6 +218,7 @@ class Optimizer:
         self.tape = tape
         self.params.append(var)
         self.l2.append(float(l2))
+        self.wd.append(float(wd))
         self._layout()
         for key in ("mu", "nu")[:self.moments]:
             for k, a in enumerate(old[key]):
@@ -219,7 +248,8 @@ class Optimizer:
         self._runs, self._where = [], [None] * len(self.params)
         for si, lo, hi, members in groups:
             run = Run(tape._params, si, lo, hi, [k for k, _, _ in members], [o - lo for _, o, _ in members],
-                      [n for _, _, n in members], [self.l2[k] for k, _, _ in members], self.moments)
+                      [n for _, _, n in members], [self.l2[k] for k, _, _ in members],
+                      [self.wd[k] for k, _, _ in members], self.moments)
             self._runs.append(run)
             for j, (k, _, _) in enumerate(members):
                 self._where[k] = (run, j)
@@ -266,11 +296,14 @@ class Optimizer:
                 for _, g in work:
                     clip_scale(g, norm, self.clip, self.clip_mode, g)
         for unit, g in work:
-            self._update(unit.w, g, unit.state, sc, (unit.t, unit.u))
+            if unit.wd is not None:
+                self._update(unit.w, g, unit.state, sc, (unit.t, unit.u), unit.wd)
+            else:
+                self._update(unit.w, g, unit.state, sc, (unit.t, unit.u))
 
     def config(self) -> dict[str, Any]:
         return {"kind": self.kind, "lr": self.lr, "clip": self.clip, "clip_mode": self.clip_mode,
-                "l2": list(self.l2)}
+                "l2": list(self.l2), "wd": list(self.wd)}
 
     def state_dict(self) -> dict[str, Any]:
         """The explicit state: ``count`` and the per-parameter moment arrays (copies)."""
@@ -327,7 +360,8 @@ def sum_in_order(xs):
 
 
 class SGD(Optimizer):
-    """Stochastic gradient descent: ``w ← w − lr·(grad + l2·w)``.
+    """Stochastic gradient descent: ``w ← w − lr·(grad + l2·w)``; with ``momentum`` m, optax's ``sgd``:
+    ``trace ← g + m·trace`` and ``w ← w − lr·trace`` (``nesterov``: ``w ← w − lr·(g + m·trace)``).
 
     >>> import numpy as np, tapegrad as tg
     >>> tape = tg.Tape(); w = tape.param(np.array([1.0, -2.0]))
@@ -337,16 +371,31 @@ class SGD(Optimizer):
     """
     kind = "SGD"
 
+    def __init__(self, lr: float, momentum: float = 0.0, nesterov: bool = False, *, clip: Optional[float] = None,
+                 clip_mode: ClipMode = "optax") -> None:
+        super().__init__(lr, clip=clip, clip_mode=clip_mode)
+        self.momentum = _number("SGD", "momentum", momentum, 0.0, 1.0)
+        if nesterov and not self.momentum:
+            raise ConfigError("SGD: nesterov=True needs a momentum > 0")
+        self.nesterov = bool(nesterov)
+        self.moments = 1 if self.momentum else 0   # the trace, kept as "mu"
+
     def _update(self, w, g, state, sc, tmp):
-        sgd_update(w, g, self.lr, tmp[0])
+        trace = state[0] if self.moments else None
+        sgd_update(w, g, self.lr, tmp[0], trace, self.momentum, self.nesterov, tmp[1])
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "momentum": self.momentum, "nesterov": self.nesterov}
 
 
 class Adam(Optimizer):
-    """Adam with both published epsilon forms.
+    """Adam with both published epsilon forms, and AdamW's decoupled weight decay.
 
     ``eps_mode="optax"`` (default, what JAX users expect: optax/PyTorch, ε added to √v̂) or ``"hat"``
     (the seed's ε-hat form with ``lr_t = lr·√(1−b2ᵗ)/(1−b1ᵗ)``). ``count`` advances once per
     ``step``, shared by all parameters (as optax); moments of skipped parameters stay put.
+    ``weight_decay`` (eps_mode "optax" only) adds ``wd·w`` to the Adam direction before the learning
+    rate scales it, as ``optax.adamw``; ``add(..., wd=0.0)`` exempts a parameter (optax's mask).
 
     >>> import numpy as np, tapegrad as tg
     >>> tape = tg.Tape(); w = tape.param(np.array([1.0]))
@@ -359,7 +408,7 @@ class Adam(Optimizer):
 
     def __init__(self, lr: float, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, *,
                  eps_mode: Literal["optax", "hat"] = "optax", clip: Optional[float] = None,
-                 clip_mode: ClipMode = "optax") -> None:
+                 clip_mode: ClipMode = "optax", weight_decay: float = 0.0) -> None:
         if eps_mode not in ("optax", "hat"):
             raise ConfigError(f"Adam: eps_mode must be 'optax' or 'hat', got {eps_mode!r}")
         super().__init__(lr, clip=clip, clip_mode=clip_mode)
@@ -368,6 +417,9 @@ class Adam(Optimizer):
         self.b2 = _number("Adam", "b2", b2, 0.0, 1.0, hi_open=True)
         self.eps = _number("Adam", "eps", eps, 0.0, math.inf, lo_open=True)
         self.eps_mode = eps_mode
+        self.weight_decay = _number("Adam", "weight_decay", weight_decay, 0.0, math.inf)
+        if self.weight_decay and eps_mode != "optax":
+            raise ConfigError("Adam: weight_decay (AdamW's decoupled decay) needs eps_mode='optax'")
 
     @property
     def mu(self) -> list[np.ndarray]:
@@ -385,8 +437,8 @@ class Adam(Optimizer):
             return (-self.lr, bc1, bc2)
         return (self.lr * math.sqrt(bc2) / bc1,)
 
-    def _update(self, w, g, state, sc, tmp):
-        adam_update(w, g, state[0], state[1], self.b1, self.b2, self.eps, sc, self.eps_mode, tmp[0], tmp[1])
+    def _update(self, w, g, state, sc, tmp, wd=None):
+        adam_update(w, g, state[0], state[1], self.b1, self.b2, self.eps, sc, self.eps_mode, tmp[0], tmp[1], wd)
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "b1": self.b1, "b2": self.b2, "eps": self.eps, "eps_mode": self.eps_mode}

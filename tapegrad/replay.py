@@ -14,7 +14,7 @@ import numpy as np
 from ._arena import aligned_empty
 from .errors import DomainError, at
 from .ops import Bad
-from .optim import adam_update, clip_scale, clips, l2_grad, sgd_update, sq_norm
+from .optim import adam_update, clip_scale, clips, coefficients, l2_grad, sgd_update, sq_norm
 from .tape import unbroadcast
 
 
@@ -164,6 +164,7 @@ class NumpyRunner:
             else:
                 np.copyto(gt, g)
             work.append((k, w, gt, t, u))
+        wd = [c or None for c in o.wd]
         if o.clip is not None and work:
             if norm is None:
                 total = 0.0
@@ -173,26 +174,23 @@ class NumpyRunner:
             if clips(norm, o.clip, o.clip_mode):
                 for _, _, gt, _, _ in work:
                     clip_scale(gt, norm, o.clip, o.clip_mode, gt)
+        c = o.conf
         if o.kind == "SGD":
-            for k, w, gt, t, _ in work:
-                sgd_update(w, gt, o.lr, t)
-        else:
-            c = o.conf
             for k, w, gt, t, u in work:
-                adam_update(w, gt, o.mu[k], o.nu[k], c.b1, c.b2, c.eps, sc, c.eps_mode, t, u)
+                sgd_update(w, gt, o.lr, t, o.mu[k] if o.moments else None, c.momentum, c.nesterov, u)
+        else:
+            for k, w, gt, t, u in work:
+                adam_update(w, gt, o.mu[k], o.nu[k], c.b1, c.b2, c.eps, sc, c.eps_mode, t, u, wd[k])
 
     def _step_slab(self, o, sc, norm=None):
         """The same update on the program's parameter slab: one call per ufunc for all parameters
         (elementwise, so bit-identical to updating each; the padding between them stays zero)."""
         p = self.p
         if self.slab_bufs is None:
-            l2 = None
-            if any(o.l2):
-                l2 = np.zeros_like(p.pslab)
-                for (off, n), c in zip(p.pspans, o.l2):
-                    l2[off:off + n] = c
-            self.slab_bufs = tuple(np.zeros_like(p.pslab) for _ in range(3)) + (l2,)
-        gt, t, u, l2 = self.slab_bufs
+            spans = [slice(off, off + n) for off, n in p.pspans]
+            l2, wd = (coefficients(p.pslab.size, p.dtype, spans, cs) for cs in (o.l2, o.wd))
+            self.slab_bufs = tuple(np.zeros_like(p.pslab) for _ in range(3)) + (l2, wd)
+        gt, t, u, l2, wd = self.slab_bufs
         w, g = p.pslab, p.gslab
         if l2 is not None:
             l2_grad(g, w, l2, gt)
@@ -206,11 +204,11 @@ class NumpyRunner:
                 norm = math.sqrt(total)
             if clips(norm, o.clip, o.clip_mode):
                 clip_scale(gt, norm, o.clip, o.clip_mode, gt)
+        c = o.conf
         if o.kind == "SGD":
-            sgd_update(w, gt, o.lr, t)
+            sgd_update(w, gt, o.lr, t, o.mslab if o.moments else None, c.momentum, c.nesterov, u)
         else:
-            c = o.conf
-            adam_update(w, gt, o.mslab, o.nslab, c.b1, c.b2, c.eps, sc, c.eps_mode, t, u)
+            adam_update(w, gt, o.mslab, o.nslab, c.b1, c.b2, c.eps, sc, c.eps_mode, t, u, wd)
 
     def episode(self):
         self.forward()

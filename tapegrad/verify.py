@@ -493,7 +493,7 @@ def _check_step(prog, before):
         name = prog.param_names[prog.params.index(i)]
         for what, got, ref in (("value", buf.value(i), want.val[i]),) + tuple(
                 (f"{kind.lower()}u", buf.moment(kind, j), getattr(want.opt, kind.lower() + "u")[j])
-                for kind in ("M", "N") if o.kind == "Adam"):
+                for kind in ("M", "N")[:o.moments]):
             m = _mismatch(got, ref, None)
             if m is not None:
                 _fail(prog, at(f"{o.kind} step of param {name!r}", i), f"{what} after the first update",
@@ -540,9 +540,10 @@ def _reference_step(prog, before, grads, norm):
             np.copyto(val[k], before.params[k])
         if k in grads:
             np.copyto(grd[k], grads[k])
-    if o.kind == "Adam":
+    if o.moments:
         whole = o.mslab is not None
         o.mslab, o.mu = _moments(prog, whole, before.mu)
+    if o.moments > 1:
         o.nslab, o.nu = _moments(prog, whole, before.nu)
     shadow = types.SimpleNamespace(opt=o, val=val, grads=grd, shapes=prog.shapes, dtype=prog.dtype, pslab=pslab,
                                    gslab=gslab, pspans=prog.pspans, loss_id=prog.loss_id, compute=[],

@@ -151,8 +151,13 @@ def test_config_names_every_setting():
     tape = tg.Tape()
     opt.add(tape, tape.param(np.ones(1)), l2=0.5)
     assert opt.config() == {"kind": "Adam", "lr": 0.25, "clip": 3.0, "clip_mode": "torch", "l2": [0.5],
-                            "b1": 0.8, "b2": 0.95, "eps": 1e-6, "eps_mode": "hat"}
-    assert tg.SGD(0.5).config() == {"kind": "SGD", "lr": 0.5, "clip": None, "clip_mode": "optax", "l2": []}
+                            "wd": [0.0], "b1": 0.8, "b2": 0.95, "eps": 1e-6, "eps_mode": "hat"}
+    assert tg.SGD(0.5).config() == {"kind": "SGD", "lr": 0.5, "clip": None, "clip_mode": "optax", "l2": [], "wd": [],
+                                    "momentum": 0.0, "nesterov": False}
+    adamw = tg.Adam(0.1, weight_decay=0.01)
+    adamw.add(tape, tape.param(np.ones(1)))
+    adamw.add(tape, tape.param(np.ones(1)), wd=0.0)
+    assert adamw.config()["wd"] == [0.01, 0.0]
 
 
 @pytest.mark.parametrize("sizes", [(3, 7, 5), (1, 13, 2), (8, 9, 4)])

@@ -8,9 +8,11 @@ forward + backward + optimizer step (the step does nothing while no optimizer is
 ``params`` / ``inputs`` / ``grads``: ``[(address, shape)]`` of parameter values, constant slots (lazy
 ones included) and parameter gradients, each in tape (registration) order; C-contiguous, 64-byte aligned.
 ``loss``: address of the loss value (one element). ``dtype``: "float64" or "float32".
-``opt_state``: ``[(address, shape)]`` = mu_0, nu_0, mu_1, nu_1, … in the attached optimizer's
-registration order (empty for SGD or when nothing is attached).
-``step_scalars``: address of a double array ``[count, s0, s1, s2, norm, clipped]``. The step reads
+``opt_state``: ``[(address, shape)]`` = mu_0, nu_0, mu_1, nu_1, … (Adam) or trace_0, trace_1, …
+(momentum SGD) in the attached optimizer's registration order (empty for plain SGD or when nothing is
+attached).
+``step_scalars``: address of a double array ``[count, s0, s1, s2, norm, clipped, lr given, lr]``
+(``lr given`` nonzero: the next steps use ``lr`` as the learning rate, a schedule's value). The step reads
 ``count``, adds one, and computes Adam's bias corrections from it in C (``1 − b**count`` with the C
 library's ``pow``, as ``Adam.step_scalars`` does on the host), so a caller only ever owns the counter:
 write ``count`` there to restore a checkpoint, read it back after steps.
@@ -254,7 +256,7 @@ class NativeRunner:
         self.path = build.build(self.source)
         self.lib = build.load(self.path)
         self.sc = np.zeros(8, np.float64)
-        self.cfg = np.zeros(16 + max(len(p.params), 1), np.float64)
+        self.cfg = np.zeros(16 + 2 * max(len(p.params), 1), np.float64)
         self.pinfo = np.zeros(8 * max(len(p.params), 1), np.int64)
         self.base = len(self.bufs)       # optimizer buffers go after these; the table never moves
         self.table = np.zeros(codegen.FIRST + self.base + 5 * len(p.params), np.uint64)
@@ -309,15 +311,17 @@ class NativeRunner:
     def attached(self):
         """Write the optimizer's configuration into cfg/pinfo (no rebuild: the step reads them at run time)."""
         p, o = self.p, self.p.opt
-        if len(o.ids) > len(self.cfg) - 16:
+        if 2 * len(o.ids) > len(self.cfg) - 16:
             raise ValueError("more optimizer parameters than program parameters")
         cfg = self.cfg
         cfg[:] = 0.0
         cfg[0] = 1.0 if o.kind == "SGD" else 2.0
         cfg[1] = o.lr
+        c = o.conf
         if o.kind == "Adam":
-            c = o.conf
             cfg[2], cfg[3], cfg[4], cfg[5] = c.b1, c.b2, c.eps, 0.0 if c.eps_mode == "optax" else 1.0
+        else:
+            cfg[9], cfg[10] = c.momentum, float(c.nesterov)
         cfg[6] = -1.0 if o.clip is None else o.clip
         cfg[7] = ("optax", "seed", "torch").index(o.clip_mode)
         cfg[8] = len(o.ids)
@@ -325,6 +329,7 @@ class NativeRunner:
         self.pinfo[:] = 0
         for k, i in enumerate(o.ids):
             cfg[16 + k] = o.l2[k]
+            cfg[16 + len(o.ids) + k] = o.wd[k]
             gt = aligned_empty(p.shapes[i], p.dtype)
             mu = o.mu[k] if o.mu else aligned_empty(p.shapes[i], p.dtype)
             nu = o.nu[k] if o.nu else aligned_empty(p.shapes[i], p.dtype)
@@ -347,9 +352,9 @@ class NativeRunner:
         p = self.p
         fn = {name: ctypes.cast(f, ctypes.c_void_p).value for name, f in self.fns.items()}
         state = []
-        if p.opt is not None and p.opt.kind == "Adam":
-            for m, v in zip(p.opt.mu, p.opt.nu):
-                state += [(_addr(m), m.shape), (_addr(v), v.shape)]
+        if p.opt is not None:
+            for arrays in zip(*[getattr(p.opt, key) for key in ("mu", "nu")[:p.opt.moments]]):
+                state += [(_addr(a), a.shape) for a in arrays]
         return {
             "forward": fn["forward"], "backward": fn["backward"], "episode": fn["episode"], "step": fn["step"],
             "ctx": _addr(self.table),

@@ -530,9 +530,12 @@ TG_FN void tg_softmax_da(int log_, const real *g, const real *out, real *c, real
 /* ── the optimizer (optim.py's l2_grad, clip, sgd_update, adam_update, step_scalars) ──────────── */
 
 /* cfg: [kind (0 none, 1 SGD, 2 Adam), lr, b1, b2, eps, eps_mode (0 optax, 1 hat), clip (<= 0: off),
- *       clip_mode (0 optax, 1 seed, 2 torch), nparams, ..., l2[k] at 16 + k]
- * pinfo (long long, 8 per registered param): [w, g, gt, mu, nu, n, touched, 0] buffer indices into T.
- * sc: [count, s0, s1, s2, norm, clipped]: count advances here, s* are step_scalars(count). */
+ *       clip_mode (0 optax, 1 seed, 2 torch), nparams, momentum (SGD), nesterov (SGD), ...,
+ *       l2[k] at 16 + k, Adam's decoupled weight decay wd[k] at 16 + nparams + k]
+ * pinfo (long long, 8 per registered param): [w, g, gt, mu, nu, n, touched, 0] buffer indices into T
+ *       (momentum SGD keeps its trace in mu).
+ * sc: [count, s0, s1, s2, norm, clipped, lr given, lr]: count advances here, s* are step_scalars(count);
+ *       with sc[6] != 0 the step's learning rate is sc[7] instead of cfg's (a schedule's value). */
 #define TG_B(i) ((real *)T[TG_FIRST + (i)])
 
 /* x / c, the very bits of the division, at the rate of fused multiply-adds: with y = 1/c rounded to
@@ -584,8 +587,8 @@ typedef struct {
     void **T;
     const double *cfg;
     const long long *pi;
-    int np_, kind, hat;
-    double lr, b1, b2, eps, maxn;
+    int np_, kind, hat, nesterov;
+    double lr, b1, b2, eps, maxn, mom;
     long total;   /* elements of the touched parameters */
     int parts;    /* part i updates elements [total·i/parts, total·(i+1)/parts) of their concatenation */
 } tg_upd;
@@ -597,7 +600,7 @@ TG_FN void tg_upd_range(const tg_upd *up, int k, long i0, long i1)
     const double *sc = (const double *)T[2];
     real *restrict w = TG_B(p[0]);
     const real *restrict gt = (up->cfg[16 + k] == 0.0 && up->maxn <= 0.0) ? TG_B(p[1]) : TG_B(p[2]);
-    if (up->kind == 1) {
+    if (up->kind == 1 && up->mom == 0.0) {
         real l = (real)up->lr;
         for (long i = i0; i < i1; i++) {
             real t = l * gt[i];
@@ -605,9 +608,26 @@ TG_FN void tg_upd_range(const tg_upd *up, int k, long i0, long i1)
         }
         return;
     }
+    if (up->kind == 1) {   /* optax's trace: tr = g + m·tr; d = tr, or g + m·tr (Nesterov) */
+        real l = (real)up->lr, m = (real)up->mom;
+        real *restrict tr = TG_B(p[3]);
+        for (long i = i0; i < i1; i++) {
+            real t = m * tr[i];
+            real d = gt[i] + t;
+            tr[i] = d;
+            if (up->nesterov) {
+                t = m * d;
+                d = gt[i] + t;
+            }
+            t = l * d;
+            w[i] = w[i] - t;
+        }
+        return;
+    }
     real *restrict mu = TG_B(p[3]), *restrict nu = TG_B(p[4]);
     double b1 = up->b1, b2 = up->b2;
     real rb1 = (real)b1, rb2 = (real)b2, c1 = (real)(1.0 - b1), c2 = (real)(1.0 - b2), re = (real)up->eps;
+    real wd = (real)up->cfg[16 + up->np_ + k];   /* AdamW: u + wd·w before the learning rate */
     if (!up->hat) {
         real nlr = (real)sc[1], bc1 = (real)sc[2], bc2 = (real)sc[3], y1 = R(1.0) / bc1, y2 = R(1.0) / bc2;
         int by = tg_qdiv_by(bc1) && tg_qdiv_by(bc2);
@@ -626,7 +646,8 @@ TG_FN void tg_upd_range(const tg_upd *up, int k, long i0, long i1)
                 nu[i] = v;
             }
             /* two loops: GCC vectorises a select between the forms by running both (0.77x measured) */
-            if (by && tg_qdiv_ok(mu + s, e - s) && tg_qdiv_ok(nu + s, e - s)) {
+            int quick = by && tg_qdiv_ok(mu + s, e - s) && tg_qdiv_ok(nu + s, e - s);
+            if (quick && wd == R(0.0)) {
                 for (long i = s; i < e; i++) {
                     real t = tg_qdiv(nu[i], bc2, y2);
                     t = RSQRT(t);
@@ -636,13 +657,25 @@ TG_FN void tg_upd_range(const tg_upd *up, int k, long i0, long i1)
                     u = nlr * u;
                     w[i] = w[i] + u;
                 }
-            } else {
+            } else if (wd == R(0.0)) {
                 for (long i = s; i < e; i++) {
                     real t = nu[i] / bc2;
                     t = RSQRT(t);
                     t = t + re;
                     real u = mu[i] / bc1;
                     u = u / t;
+                    u = nlr * u;
+                    w[i] = w[i] + u;
+                }
+            } else {   /* decoupled decay: one form (the slower divider) keeps four loops at three */
+                for (long i = s; i < e; i++) {
+                    real t = nu[i] / bc2;
+                    t = RSQRT(t);
+                    t = t + re;
+                    real u = mu[i] / bc1;
+                    u = u / t;
+                    t = wd * w[i];
+                    u = u + t;
                     u = nlr * u;
                     w[i] = w[i] + u;
                 }
@@ -693,7 +726,7 @@ TG_FN void tg_opt_step(void **T)
     int kind = (int)cfg[0], np_ = (int)cfg[8];
     if (kind == 0)
         return;
-    double lr = cfg[1], b1 = cfg[2], b2 = cfg[3], eps = cfg[4], maxn = cfg[6];
+    double lr = sc[6] != 0.0 ? sc[7] : cfg[1], b1 = cfg[2], b2 = cfg[3], eps = cfg[4], maxn = cfg[6];
     int hat = (int)cfg[5], cmode = (int)cfg[7];
     double count = sc[0] + 1.0;
     sc[0] = count;
@@ -756,7 +789,7 @@ TG_FN void tg_opt_step(void **T)
             }
         }
     }
-    tg_upd u = {T, cfg, pi, np_, kind, hat, lr, b1, b2, eps, maxn, 0, 1};
+    tg_upd u = {T, cfg, pi, np_, kind, hat, cfg[10] != 0.0, lr, b1, b2, eps, maxn, cfg[9], 0, 1};
     for (int k = 0; k < np_; k++)
         if (pi[8 * k + 6])
             u.total += (long)pi[8 * k + 5];

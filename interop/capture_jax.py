@@ -31,7 +31,8 @@ from ._jax import jax, jnp
 from .oracle import TracingError
 from .oracle_replay import Literal, Plan, Replay, is_float, is_key
 from .oracle_rules import CONTROL_RULES, RULES, UnsupportedPrimitiveError, _flat, _out_shape, _reshape
-from .program import program_call
+from .optax_native import Unreadable
+from .program import program_call, program_episode
 
 # rules that read JAX's values of their operands or results as numbers, so a program would keep the
 # values of the capture's example: not capturable (the oracle, which checks one point, uses them)
@@ -434,8 +435,10 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
     slots = set(r.keep_slots) | {s for s in aux_slots if not isinstance(s, Literal)}
 
     feeds = (slots, r.keep_steps, feed_slot, data_feeds)
-    return Captured(fn, tree, leaves, plan, diff, prog, feeds, has_aux,
-                    jax.tree.structure(out_shape[1]) if has_aux else None, aux_slots, which, nargs)
+    cap = Captured(fn, tree, leaves, plan, diff, prog, feeds, has_aux,
+                   jax.tree.structure(out_shape[1]) if has_aux else None, aux_slots, which, nargs)
+    cap.tape, cap.param_vars = tape, [params[i] for i in diff]   # what a native optimizer registers
+    return cap
 
 
 def _grads_like(cap, grads):
@@ -480,16 +483,44 @@ def value_and_grad(fn: Callable[..., Any], *example_args: Any, argnums: Union[in
 
 
 def train_step(fn: Callable[..., Any], params: Any, *example_batch: Any, optimizer: Any,
-               backend: str = "native") -> tuple[Callable[..., Any], Any]:
+               backend: str = "native", native_update: Optional[bool] = None) -> tuple[Callable[..., Any], Any]:
     """``(step, state)`` for training ``fn(params, *batch) -> loss`` with an optax optimizer.
 
     ``step(state, *batch) -> (loss, state)`` is jitted with the state donated; ``state = (params,
-    opt_state)`` and ``opt_state`` is exactly ``optimizer.init(params)``'s, so training can switch to
-    plain optax (or back) at any step. The forward and backward run as the captured program's custom
-    call (``value_and_grad``); the update is ``optimizer.update`` itself, in XLA, so every optax
-    transform, schedule and mask works and computes optax's own arithmetic. ``state`` holds copies of
-    ``params`` (the step donates its state; the caller's arrays stay valid).
+    opt_state)`` and ``opt_state`` is exactly ``optimizer.init(params)``'s (structure, dtypes, values), so
+    training can switch to plain optax (or back) at any step. ``state`` holds copies of ``params`` (the
+    step donates its state; the caller's arrays stay valid).
+
+    Where the optimizer has a native form — ``optax.adam``, ``optax.adamw`` (with a mask),
+    ``optax.sgd`` (momentum, Nesterov), each with a constant or an optax schedule as the learning rate
+    and ``clip_by_global_norm`` chained before — the whole step (forward, backward, the update) is one
+    custom call of the captured program with the optimizer attached, the state updated in place; the
+    schedule is evaluated by JAX each step. Anything else runs the forward and backward as one custom
+    call (``value_and_grad``) and ``optimizer.update`` itself in XLA. ``native_update``: None (the native
+    step where there is one), True (raise ``CaptureError`` saying why there is none), False (always XLA).
+    ``step.native_update`` says which runs, ``step.why`` why not. Before the native step is used, three
+    steps of it are checked against optax's own update from the same state: if they differ by more than
+    rounding, the XLA form runs (and ``step.why`` says so).
     """
+    from . import optax_native
+    step, why = None, "native_update=False"
+    if native_update is not False:
+        try:
+            step = _native_step(fn, params, example_batch, optimizer, backend, optax_native.read(optimizer))
+            why = None
+        except optax_native.Unreadable as e:
+            why = str(e)
+            if native_update:
+                raise CaptureError(f"train_step: native_update=True, but the optimizer has no native step: "
+                                   f"{why}") from None
+    if step is None:
+        step = _xla_step(fn, params, example_batch, optimizer, backend)
+    step.native_update, step.why = why is None, why
+    init = jax.tree.map(jnp.array, params)   # copies: the first step donates them, the caller's stay alive
+    return step, (init, optimizer.init(init))
+
+
+def _xla_step(fn, params, example_batch, optimizer, backend):
     import optax
     vg = value_and_grad(fn, params, *example_batch, argnums=0, backend=backend)
 
@@ -501,5 +532,84 @@ def train_step(fn: Callable[..., Any], params: Any, *example_batch: Any, optimiz
 
     step = jax.jit(step, donate_argnums=0)
     step.captured = vg.captured
-    params = jax.tree.map(jnp.array, params)   # copies: the first step donates them, the caller's stay alive
-    return step, (params, optimizer.init(params))
+    return step
+
+
+def _native_step(fn, params, example_batch, optimizer, backend, spec):
+    """The whole step as the captured program's episode, on optax's state."""
+    import optax
+    cap = capture_jax(fn, params, *example_batch, argnums=0, backend=backend)
+    prog = cap.program
+    opt = spec.make(tg)
+    for var, decay in zip(cap.param_vars, spec.decays(params)):
+        opt.add(cap.tape, var, wd=None if decay else 0.0)
+    prog.attach(opt)
+    episode = program_episode(prog, data=True, lr=spec.schedule is not None).positional
+    counted = (optax.ScaleByAdamState, optax.TraceState, optax.ScaleByScheduleState)
+    is_node = lambda x: isinstance(x, counted)   # noqa: E731
+    dt = prog.dtype
+
+    def step(state, *batch):
+        p, opt_state = state
+        leaves, ptree = jax.tree.flatten(p)
+        nodes = [x for x in jax.tree.leaves(opt_state, is_leaf=is_node) if is_node(x)]
+        adam = next((x for x in nodes if isinstance(x, optax.ScaleByAdamState)), None)
+        trace = next((x for x in nodes if isinstance(x, optax.TraceState)), None)
+        sched = next((x for x in nodes if isinstance(x, optax.ScaleByScheduleState)), None)
+        moments = ([a for pair in zip(jax.tree.leaves(adam.mu), jax.tree.leaves(adam.nu)) for a in pair] if adam
+                   else jax.tree.leaves(trace.trace) if trace is not None and spec.momentum else [])
+        count = adam.count if adam is not None else jnp.zeros((), jnp.int32)
+        lr = None if sched is None else -jnp.asarray(spec.schedule(sched.count), dt)
+        ops, inputs, data, _ = cap.operands(p, *batch)
+        loss, new_p, new_m, _ = episode(ops, [jnp.asarray(m, dt) for m in moments], count, inputs, data, lr)
+        new_p = list(new_p)
+
+        def renew(x):
+            if isinstance(x, optax.ScaleByAdamState):
+                tree = jax.tree.structure(x.mu)
+                return x._replace(count=optax.safe_increment(x.count), mu=jax.tree.unflatten(tree, new_m[0::2]),
+                                  nu=jax.tree.unflatten(tree, new_m[1::2]))
+            if isinstance(x, optax.TraceState):
+                return x._replace(trace=jax.tree.unflatten(jax.tree.structure(x.trace), list(new_m)))
+            if isinstance(x, optax.ScaleByScheduleState):
+                return x._replace(count=optax.safe_increment(x.count))
+            return x
+        for i, k in enumerate(cap.diff):
+            leaves[k] = new_p[i]
+        return loss, (jax.tree.unflatten(ptree, leaves), jax.tree.map(renew, opt_state, is_leaf=is_node))
+
+    step = jax.jit(step, donate_argnums=0)
+    step.captured = cap
+    _check(step, fn, params, example_batch, optimizer, dt)
+    return step
+
+
+def _check(step, fn, params, batch, optimizer, dt, steps=3):
+    """Three native steps against optax's own from the same state: same structure, dtypes, and values
+    within rounding (the gradients agree to rounding; Adam divides them by their own size)."""
+    import optax
+    ours = (jax.tree.map(jnp.array, params), optimizer.init(params))
+    theirs = (jax.tree.map(jnp.array, params), optimizer.init(params))
+
+    @jax.jit
+    def reference(state):
+        p, s = state
+        g = jax.grad(fn)(p, *batch)
+        u, s = optimizer.update(g, s, p)
+        return optax.apply_updates(p, u), s
+    for _ in range(steps):
+        _, ours = step(ours, *batch)
+        theirs = reference(theirs)
+    if jax.tree.structure(ours) != jax.tree.structure(theirs):
+        raise Unreadable(f"the native step's state {jax.tree.structure(ours)} is not optax's "
+                         f"{jax.tree.structure(theirs)}")
+    tol = float(np.sqrt(np.finfo(dt).eps))
+    paths = jax.tree_util.tree_flatten_with_path(theirs)[0]
+    for (path, want), got in zip(paths, jax.tree.leaves(ours)):
+        want, got = np.asarray(want), np.asarray(got)
+        scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
+        if got.dtype != want.dtype or not np.allclose(got, want, rtol=tol, atol=tol * scale):
+            raise Unreadable(f"after {steps} steps the native update's state{jax.tree_util.keystr(path)} "
+                             f"({got.dtype}) differs from optax's ({want.dtype}) by "
+                             f"{float(np.max(np.abs(got - want))):.3g} (bound {tol:.3g} relative): the optimizer "
+                             f"was misread (please report it)")

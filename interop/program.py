@@ -14,6 +14,7 @@ program) the same functions run the program through ``interop.callback`` (zero-c
 which copies the operands into the program's slots, runs the program's own code and copies the
 results out; both paths give the same bits.
 """
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -225,9 +226,9 @@ class _Sig:
         self.data_bool = [program.val[k].dtype.kind == "b" for k in program.data]
         opt = program.opt
         self.state = []
-        if opt is not None and opt.kind == "Adam":
+        if opt is not None:
             for k in opt.ids:
-                self.state += [tuple(program.shapes[k])] * 2
+                self.state += [tuple(program.shapes[k])] * opt.moments
 
     def check(self, who, groups):
         if self.dtype == np.float64 and not x64_enabled():
@@ -319,11 +320,11 @@ def _host_value_unlocked(program, grads):
     return run
 
 
-def _host_episode(program, flat=False):
-    return _locked(program, _host_episode_unlocked(program, flat))
+def _host_episode(program, flat=False, lr=False):
+    return _locked(program, _host_episode_unlocked(program, flat, lr))
 
 
-def _host_episode_unlocked(program, flat=False):
+def _host_episode_unlocked(program, flat=False, lr=False):
     def run(outs, *xs):
         if flat:  # unpack [params | state | count] into the separate layout, run, pack the results
             sizes = _flat_sizes(program)
@@ -331,23 +332,27 @@ def _host_episode_unlocked(program, flat=False):
             sig = _Sig(program)
             xs = tuple(a.reshape(sh) for a, sh in zip(parts, sig.params + sig.state + [()])) + tuple(xs[1:])
             res = [np.empty(sh, sig.dtype) for sh in [()] + sig.params + sig.state + [()]]
-            _host_episode_unlocked(program)(res, *xs)
+            _host_episode_unlocked(program, lr=lr)(res, *xs)
             outs[0][...] = res[0]
             np.concatenate([r.reshape(-1) for r in res[1:]], out=outs[1])
             return
         p, o = program, program.opt
-        np_ = len(p.params)
-        ns = 2 * len(o.ids) if o.kind == "Adam" else 0
-        state = [a for pair in zip(o.mu, o.nu) for a in pair] if ns else []
+        np_, ni = len(p.params), len(p.consts)
+        state = [a for arrays in zip(*[getattr(o, key) for key in ("mu", "nu")[:o.moments]]) for a in arrays]
+        ns = len(state)
         for k, x in zip(p.params, xs[:np_]):
             np.copyto(p.val[k], x)
         for s, x in zip(state, xs[np_:np_ + ns]):
             np.copyto(s, x)
         o.count = int(xs[np_ + ns])
         p.runner.push_count()
-        for k, x in zip(p.consts, xs[np_ + ns + 1:]):
+        rest = xs[np_ + ns + 1:]
+        for k, x in zip(p.consts, rest[:ni]):
             np.copyto(p.val[k], x)
-        p.runner.episode()
+        for k, x in zip(p.data, rest[ni + lr:]):
+            np.copyto(p.val[k], x, casting="unsafe")
+        with _step_lr(p, float(rest[ni]) if lr else None):
+            p.runner.episode()
         p.runner.pull_count()
         outs[0][...] = p.val[p.loss_id].reshape(())
         for out, k in zip(outs[1:1 + np_], p.params):
@@ -356,6 +361,26 @@ def _host_episode_unlocked(program, flat=False):
             np.copyto(out, s)
         outs[-1][...] = o.count
     return run
+
+
+@contextlib.contextmanager
+def _step_lr(program, lr):
+    """Run the program's step with learning rate ``lr`` (None: its own), as the FFI handler's ``lr`` operand."""
+    if lr is None:
+        yield
+        return
+    o = program.opt
+    runner = getattr(program.runner, "sc", None)
+    saved = o.lr, o.conf.lr
+    o.lr = o.conf.lr = lr
+    if runner is not None:
+        runner[6], runner[7] = 1.0, lr
+    try:
+        yield
+    finally:
+        o.lr, o.conf.lr = saved
+        if runner is not None:
+            runner[6] = 0.0
 
 
 # ── public API ───────────────────────────────────────────────────────────────
@@ -439,7 +464,8 @@ def program_call(program: Program, *, native: Optional[bool] = None, data: bool 
     return run
 
 
-def program_episode(program: Program, *, flat: bool = False, native: Optional[bool] = None) -> Callable[..., Any]:
+def program_episode(program: Program, *, flat: bool = False, native: Optional[bool] = None, data: bool = False,
+                    lr: bool = False) -> Callable[..., Any]:
     """One XLA custom call doing forward + backward + the attached optimizer's step, state explicit.
 
     Returns ``step(params, opt_state, inputs) -> (loss, params, opt_state)``, the state named and
@@ -455,6 +481,11 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
     ``[params | opt_state | count]`` (``episode_state(program, flat=True)``; name it with
     ``unflatten_state``). One donated operand instead of 2·#params+1 costs XLA less per call
     (``jax.jit(step, donate_argnums=0)``).
+
+    ``data=True``: every call also takes ``data=`` (a tuple: one int32/int64 or bool array per data
+    slot, as ``program_call(data=True)``); ``lr=True``: it takes ``lr=``, the learning rate of this
+    step (a scalar in the program's dtype: an optax schedule's value), in place of the optimizer's.
+    Momentum SGD's state is ``SGDState(count, trace)``.
     """
     if program.opt is None:
         raise ProgramError("program_episode: attach an optimizer first (program.attach(optimizer))")
@@ -465,48 +496,65 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
     if native:
         names = native_library()[1]
         h = _i64(program.hash64)
+    attrs = {"prog": np.int64(h)} if native else {}
+    if data and sig.data:
+        attrs["data"] = np.int64(1)
+    if lr:
+        attrs["lr"] = np.int64(1)
+
+    def extra(inputs, data_, lr_):
+        """The inputs, then the learning rate and the data operands this episode takes, checked."""
+        inputs = tuple(jnp.asarray(x) for x in inputs)
+        data_ = tuple(jnp.asarray(x) for x in data_) if data else ()
+        groups = [("inputs", sig.inputs, inputs)] + ([("data", sig.data, data_)] if data else [])
+        if lr and lr_ is None:
+            raise ProgramError("program_episode: this episode was built with lr=True: pass lr= (the step's "
+                               "learning rate)")
+        if not lr and lr_ is not None:
+            raise ProgramError("program_episode: lr= is taken by an episode built with lr=True")
+        rate = (jnp.asarray(lr_, sig.dtype).reshape(()),) if lr else ()
+        return inputs, rate, data_, groups
 
     if flat:
         total = sum(_flat_sizes(program))
 
-        def flat_step(state, inputs):
+        def flat_step(state, inputs, data=(), lr=None):
             state = jnp.asarray(state)
-            inputs = tuple(jnp.asarray(x) for x in inputs)
-            sig.check("program_episode", [("state", [(total,)], (state,)), ("inputs", sig.inputs, inputs)])
-            xs = (state,) + inputs
+            inputs, rate, data_, groups = extra(inputs, data, lr)
+            sig.check("program_episode", [("state", [(total,)], (state,))] + groups)
+            xs = (state,) + inputs + rate + data_
             specs = [_spec(xs, (), sig.dtype), _spec(xs, (total,), sig.dtype)]
             if native:
                 out = jax.ffi.ffi_call(names["episode_flat"], specs, input_output_aliases={0: 1},
-                                       vmap_method="sequential")(*xs, prog=np.int64(h))
+                                       vmap_method="sequential")(*xs, **attrs)
             else:
-                out = host_call(_host_episode(program, flat=True), specs, *xs, vmap_method="sequential",
-                                input_output_aliases={0: 1})
+                out = host_call(_host_episode(program, flat=True, lr=bool(rate)), specs, *xs,
+                                vmap_method="sequential", input_output_aliases={0: 1})
             return out[0], out[1]
 
         flat_step.program, flat_step.native = program, native
         return flat_step
 
-    def positional(params, opt_state, count, inputs):
+    def positional(params, opt_state, count, inputs, data=(), lr=None):
         params = tuple(jnp.asarray(x) for x in params)
         opt_state = tuple(jnp.asarray(x) for x in opt_state)
-        inputs = tuple(jnp.asarray(x) for x in inputs)
+        inputs, rate, data_, groups = extra(inputs, data, lr)
         count = jnp.asarray(count, sig.dtype)
-        sig.check("program_episode", [("params", sig.params, params), ("opt_state", sig.state, opt_state),
-                                      ("inputs", sig.inputs, inputs)])
-        xs = params + opt_state + (count,) + inputs
+        sig.check("program_episode", [("params", sig.params, params), ("opt_state", sig.state, opt_state)] + groups)
+        xs = params + opt_state + (count,) + inputs + rate + data_
         specs = [_spec(xs, (), sig.dtype)] + [_spec(xs, s, sig.dtype) for s in sig.params + sig.state]
         specs.append(_spec(xs, (), sig.dtype))
         if native:
             out = jax.ffi.ffi_call(names["episode"], specs, input_output_aliases=aliases,
-                                   vmap_method="sequential")(*xs, prog=np.int64(h))
+                                   vmap_method="sequential")(*xs, **attrs)
         else:
-            out = host_call(_host_episode(program), specs, *xs, vmap_method="sequential",
+            out = host_call(_host_episode(program, lr=bool(rate)), specs, *xs, vmap_method="sequential",
                             input_output_aliases=aliases)
         return out[0], tuple(out[1:1 + np_]), tuple(out[1 + np_:1 + np_ + ns]), out[-1]
 
-    def step(params, opt_state, inputs):
+    def step(params, opt_state, inputs, data=(), lr=None):
         p, st, count = _positional(program, "program_episode", params, opt_state)
-        loss, p, st, count = positional(p, st, count, inputs)
+        loss, p, st, count = positional(p, st, count, inputs, data, lr)
         return (loss,) + _named(program, p, st, count)
 
     step.program, step.native = program, native
@@ -521,8 +569,10 @@ def _flat_sizes(program):
 
 
 class SGDState(NamedTuple):
-    """The episode state of a program whose optimizer is SGD: its step counter (int32, 0-d)."""
+    """The episode state of a program whose optimizer is SGD: its step counter (int32, 0-d) and, with
+    momentum, its trace (a dict keyed like ``params``; None without momentum)."""
     count: Any
+    trace: Any = None
 
 
 class ScaleByAdamState(NamedTuple):
@@ -550,9 +600,9 @@ def _named(program, params, state, count):
     """Positional ``(params, [mu_0, nu_0, …], count)`` → named ``(params, opt_state)`` (no copies)."""
     named = dict(zip(program.param_names, params))
     count = jnp.asarray(count).astype(jnp.int32)
-    if program.opt.kind != "Adam":
-        return named, SGDState(count)
     names = _opt_names(program)
+    if program.opt.kind != "Adam":
+        return named, SGDState(count, dict(zip(names, state)) if program.opt.moments else None)
     return named, _adam_state()(count=count, mu=dict(zip(names, state[0::2])), nu=dict(zip(names, state[1::2])))
 
 
@@ -584,11 +634,12 @@ def _positional(program, who, params, opt_state):
         raise ProgramError(f"{who}: opt_state must have a 'count' field (optax.ScaleByAdamState or SGDState), got "
                            f"{type(opt_state).__name__}")
     state = ()
-    if program.opt.kind == "Adam":
+    fields = ("mu", "nu") if program.opt.kind == "Adam" else ("trace",)[:program.opt.moments]
+    if fields:
         onames = _opt_names(program)
-        for what in ("mu", "nu"):
+        for what in fields:
             check(f"opt_state.{what}", getattr(opt_state, what, None), onames)
-        state = tuple(x for n in onames for x in (opt_state.mu[n], opt_state.nu[n]))
+        state = tuple(getattr(opt_state, what)[n] for n in onames for what in fields)
     return tuple(params[n] for n in names), state, jnp.asarray(count).astype(sig.dtype)
 
 
@@ -632,7 +683,8 @@ def episode_state(program: Program, flat: bool = False) -> Any:
     if program.backend == "native":
         program.runner.pull_count()
     params = tuple(jnp.array(program.val[k]) for k in program.params)
-    state = tuple(jnp.array(a) for pair in zip(o.mu, o.nu) for a in pair) if o.kind == "Adam" else ()
+    state = tuple(jnp.array(a) for arrays in zip(*[getattr(o, key) for key in ("mu", "nu")[:o.moments]])
+                  for a in arrays)
     named = _named(program, params, state, o.count)
     return flatten_state(program, *named) if flat else named
 

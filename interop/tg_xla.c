@@ -22,7 +22,9 @@
  *   tg_value_and_grad  (params..., inputs...)                   -> (loss, grads...)
  *   tg_episode         (params..., state..., count, inputs...)  -> (loss, params..., state..., count)
  *   tg_episode_flat    (flat state [params|state|count], inputs...) -> (loss, flat state)
- * The episode's params/state/count results alias their operands (input_output_aliases).
+ * The episode's params/state/count results alias their operands (input_output_aliases). With the
+ * attribute `data` = 1 every call also passes the program's data slots (int32/int64, bool) last; with
+ * `lr` = 1 an episode passes this step's learning rate (a scalar, before the data).
  */
 #include <pthread.h>
 #include <sched.h>
@@ -58,7 +60,8 @@ typedef struct {
   int64_t *pairs, npairs;   /* (table index, slot) for every entry that names a slot's buffer */
   void **owned;             /* buffers this instance allocated (every device but the first) */
   int64_t nowned;
-  int ns;                   /* optimizer state slots the table has (2 per Adam parameter) */
+  int ns, nm;               /* optimizer state slots the table has: nm per parameter (Adam's mu and nu: 2;
+                               momentum SGD's trace: 1) */
   pthread_mutex_t mu;
 } tg_inst;
 
@@ -203,7 +206,8 @@ static const char *tg_inst_build(tg_prog *p, tg_inst *in, int slot) {
   const double *cfg = (const double *)(intptr_t)p->table[3];
   const long long *pinfo = (const long long *)(intptr_t)p->table[4];
   int nopt = (int)cfg[8];
-  in->ns = cfg[0] == 2.0 ? 2 * nopt : 0;
+  in->nm = cfg[0] == 2.0 ? 2 : cfg[0] == 1.0 && cfg[9] != 0.0 ? 1 : 0;
+  in->ns = in->nm * nopt;
   int64_t nslots = TG_NSLOTS(p);
   in->npairs = 0;
   memcpy(in->run, in->base, n * sizeof *in->run);
@@ -212,7 +216,7 @@ static const char *tg_inst_build(tg_prog *p, tg_inst *in, int slot) {
     if (s < TG_SLOT_STATE(p, 0)) primary = p->index[s];
     else {
       int64_t k = s - TG_SLOT_STATE(p, 0);
-      primary = k < in->ns ? TG_FIRST + pinfo[8 * (k / 2) + 3 + k % 2] : -1;
+      primary = k < in->ns ? TG_FIRST + pinfo[8 * (k / in->nm) + 3 + k % in->nm] : -1;
     }
     if (primary < 0) continue;
     for (int64_t i = TG_FIRST; i < n; i++)
@@ -417,7 +421,7 @@ static int64_t tg_elems(XLA_FFI_Buffer *b) {
   return n;
 }
 
-typedef struct { char msg[256]; tg_prog *p; int64_t nd; } tg_call;
+typedef struct { char msg[256]; tg_prog *p; int64_t nd, lr; } tg_call;
 
 /* Whether an operand of XLA dtype t can fill a data slot of elements of `size` bytes. */
 static int tg_data_fits(int t, int64_t size) {
@@ -458,14 +462,16 @@ static XLA_FFI_Error *tg_begin(XLA_FFI_CallFrame *cf, const char *who, int mode,
     return tg_error(cf, XLA_FFI_Error_Code_FAILED_PRECONDITION, c->msg);
   }
   tg_prog *p = c->p;
-  int64_t data = 0;
-  if (tg_attr_i64(cf, "data", &data) && data && mode != TG_VALUE && mode != TG_VALUE_AND_GRAD) {
-    snprintf(c->msg, sizeof c->msg, "%s: data operands are taken by tg_value and tg_value_and_grad only", who);
+  int64_t data = 0, lr = 0;
+  tg_attr_i64(cf, "data", &data);
+  if (tg_attr_i64(cf, "lr", &lr) && lr && mode != TG_EPISODE && mode != TG_EPISODE_FLAT) {
+    snprintf(c->msg, sizeof c->msg, "%s: a learning-rate operand is taken by the episodes only", who);
     return tg_error(cf, XLA_FFI_Error_Code_INVALID_ARGUMENT, c->msg);
   }
   c->nd = data ? p->nd : 0;
+  c->lr = lr != 0;
   int64_t nargs = (mode == TG_EPISODE ? p->np + p->ns + 1 + p->ni : mode == TG_EPISODE_FLAT ? 1 + p->ni
-                   : p->np + p->ni) + c->nd;
+                   : p->np + p->ni) + c->lr + c->nd;
   int64_t nrets = mode == TG_VALUE ? 1 : mode == TG_VALUE_AND_GRAD ? 1 + p->np : mode == TG_EPISODE_FLAT ? 2
                  : 1 + p->np + p->ns + 1;
   if (cf->args.size != nargs || cf->rets.size != nrets) {
@@ -615,11 +621,14 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
   int64_t nw = np + ns, total = 1;
   int64_t wn[nw ? nw : 1];
   for (int64_t k = 0; k < nw; k++) {
-    wn[k] = k < np ? tg_slot_elems(p, k) : pinfo[8 * ((k - np) / 2) + 5];
+    wn[k] = k < np ? tg_slot_elems(p, k) : pinfo[8 * ((k - np) / in->nm) + 5];
     total += wn[k];
   }
-  int64_t first_input = flat ? 1 : nw + 1;
+  int64_t first_input = flat ? 1 : nw + 1, first_data = first_input + ni + c.lr;
   int bad = flat && tg_batch(cf, who, 0, total, "flat state", 0, 1, &c) < 0;
+  bad = bad || (c.lr && tg_batch(cf, who, first_input + ni, 1, "lr", 0, 1, &c) < 0);
+  for (int64_t d = 0; !bad && d < c.nd; d++)
+    bad = tg_batch(cf, who, first_data + d, p->sizes[p->dindex[d]] / p->dsize[d], "data", d, 1, &c) < 0;
   for (int64_t k = flat ? first_input : 0; !bad && k < first_input + ni; k++) {
     int64_t n = k >= first_input ? tg_slot_elems(p, TG_SLOT_INPUT(p, k - first_input)) : k < nw ? wn[k] : 1;
     const char *slot = k >= first_input ? "inputs" : k < np ? "params" : k < nw ? "opt_state" : "count";
@@ -650,17 +659,28 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
   tg_point(in, ptr);
   for (int64_t k = 0; k < nw; k++)   /* a clashing slot runs on the instance's own buffer */
     if (!ptr[k < np ? k : TG_SLOT_STATE(p, k - np)]) {
-      int64_t i = k < np ? p->index[k] : TG_FIRST + pinfo[8 * ((k - np) / 2) + 3 + (k - np) % 2];
+      int64_t i = k < np ? p->index[k] : TG_FIRST + pinfo[8 * ((k - np) / in->nm) + 3 + (k - np) % in->nm];
       memcpy((char *)(intptr_t)in->base[i], dst[k], wn[k] * es);
     }
+  for (int64_t d = 0; d < c.nd; d++) {
+    int64_t i = p->dindex[d];
+    tg_data_copy((char *)(intptr_t)in->base[i], p->dsize[d], cf->args.args[first_data + d],
+                 p->sizes[i] / p->dsize[d], 0);
+  }
   char *cnt_in = flat ? tg_data(cf, 0, 0) + off : tg_data(cf, 0, nw);
   in->sc[0] = es == 8 ? *(double *)cnt_in : (double)*(float *)cnt_in;
+  if (c.lr) {   /* this step's learning rate (a schedule's value), for this call only */
+    char *lr = tg_data(cf, 0, first_input + ni);
+    in->sc[6] = 1.0;
+    in->sc[7] = es == 8 ? *(double *)lr : (double)*(float *)lr;
+  }
   tg_begin_run(p, in, cf);
   p->episode(in->run);
   tg_blas_leave(p);
+  in->sc[6] = 0.0;
   for (int64_t k = 0; k < nw; k++)
     if (!ptr[k < np ? k : TG_SLOT_STATE(p, k - np)]) {
-      int64_t i = k < np ? p->index[k] : TG_FIRST + pinfo[8 * ((k - np) / 2) + 3 + (k - np) % 2];
+      int64_t i = k < np ? p->index[k] : TG_FIRST + pinfo[8 * ((k - np) / in->nm) + 3 + (k - np) % in->nm];
       memcpy(dst[k], (char *)(intptr_t)in->base[i], wn[k] * es);
     }
   memcpy(tg_data(cf, 1, 0), (char *)(intptr_t)in->run[p->loss], es);

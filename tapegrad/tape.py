@@ -223,6 +223,7 @@ class Tape:
         self._last_top: Optional[int] = None      # the loss id of the last first-pass backward
         self._summed: Optional[np.ndarray] = None  # the broadcast sum _accumulate made last
         self._kept = {}       # node id -> the buffers its forward kept for its backward (Op.keep)
+        self._undo = None     # during an accumulating backward: leaf id -> its gradient before the pass
 
     # ── leaves ───────────────────────────────────────────────────────────────
 
@@ -645,24 +646,55 @@ class Tape:
             self._fail(LazyValueError(self._no_value(i, "gradient")))
             return False
         self._recycle_scratch()
-        self._pass += 1
-        self._accumulate(i, seed)
-        if self._pass != self._since or self._dropped:   # a second pass since the reset, or values dropped
-            self._sweep(i)
-        else:   # the first pass of an episode: replay the last one's sweep when the graph is the same
-            pos, sched = self._grads.pos, self._sched
-            if sched is not None and sched.fits(self, i, pos):
-                sched.replay(self)
-            else:
-                self._sched = Schedule(self, i, pos) if self._last_top == i else None
-                self._sweep(i, self._sched)
-            self._last_top = i
-        if self.check_finite:
-            bad = self.first_nonfinite()
-            if bad is not None:
-                self._fail(NonFiniteError(str(bad)))
-                return False
+        # What the pass changes, kept so that an exception anywhere in it (a KeyboardInterrupt, an op's rule
+        # failing) undoes it (_abandon): the arena position, the scratch-gradient count, the recorded sweep,
+        # and where leaves already hold gradients from earlier passes (accumulation), their pass numbers
+        # (their buffers are copied on their first in-place add, in _accumulate).
+        undo = (self._pass, self._grads.pos, len(self._arena_grads), self._sched, self._last_top,
+                self._gpass.copy() if self._pass >= self._since else None)
+        if undo[5] is not None:
+            self._undo = {}
+        try:
+            self._pass += 1
+            self._accumulate(i, seed)
+            if self._pass != self._since or self._dropped:   # a second pass since the reset, or values dropped
+                self._sweep(i)
+            else:   # the first pass of an episode: replay the last one's sweep when the graph is the same
+                pos, sched = self._grads.pos, self._sched
+                if sched is not None and sched.fits(self, i, pos):
+                    sched.replay(self)
+                else:
+                    self._sched = Schedule(self, i, pos) if self._last_top == i else None
+                    self._sweep(i, self._sched)
+                self._last_top = i
+            bad = self.first_nonfinite() if self.check_finite else None
+        except BaseException:
+            self._abandon(*undo)
+            raise
+        self._undo = None
+        if bad is not None:
+            self._fail(NonFiniteError(str(bad)))
+            return False
         return True
+
+    def _abandon(self, p, pos, n, sched, top, old):
+        """Undo a backward pass that raised part-way, back to the state before the call: leaf gradients
+        and ``touched`` as they were (an interrupted first pass leaves every leaf untouched), scratch
+        gradients made by the pass dropped, the arena rewound, the recorded sweep and the pass count
+        restored. Intermediate gradients the pass overwrote read as untouched (zeros), as after a reset."""
+        grads, gpass, nodes = self._grad, self._gpass, self._nodes
+        for j in self._arena_grads[n:]:   # (they held no buffer before: _accumulate lists only those)
+            grads[j] = None
+        del self._arena_grads[n:]
+        for j, buf in (self._undo or {}).items():
+            np.copyto(grads[j], buf)
+        self._undo = None
+        for k, q in enumerate(gpass):
+            if q > p:
+                gpass[k] = old[k] if old is not None and not nodes[k][0].arity else 0
+        self._pass = p
+        self._grads.rewind(pos)
+        self._sched, self._last_top = sched, top
 
     def _recycle_scratch(self):
         """Before a second backward without ``reset_to``: move the gradients that live in the scratch arena
@@ -754,6 +786,7 @@ class Tape:
             c, fresh = unbroadcast(c, shape, self._grads), True
             self._summed, summed = c, SUMMED
         if buf is None:
+            self._arena_grads.append(j)   # listed first: an interrupted pass drops whatever is listed
             if fresh:
                 self._grad[j] = c
                 code = ADOPT
@@ -761,11 +794,12 @@ class Tape:
                 buf = self._grad[j] = self._grads.take(shape)
                 np.copyto(buf, c)
                 code = NEW
-            self._arena_grads.append(j)
         elif first:
             np.copyto(buf, c)
             code = COPY
         else:
+            if self._undo is not None and not node[0].arity and j not in self._undo:
+                self._undo[j] = buf.copy()   # a leaf's earlier passes, restored if this pass fails (_abandon)
             np.add(buf, c, out=buf)
             code = ADD
         return code | summed

@@ -23,6 +23,8 @@ def x64():
 def rel(a, b):
     la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
     assert len(la) == len(lb)
+    if not lb:
+        return 0.0
     scale = max(float(jnp.max(jnp.abs(y))) for y in lb) or 1.0
     return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(la, lb)) / scale
 
@@ -207,15 +209,26 @@ def test_flax_and_equinox_models_as_users_write_them(backend):
     fd_check(eqx_loss, arrays, (x * 2, t), g)
 
 
-def test_train_step_keeps_optax_s_state_and_matches_plain_optax_over_100_steps():
+OPTIMIZERS = {
+    "adam": lambda: optax.adam(1e-2),
+    "clip+adamw(cosine, mask)": lambda: optax.chain(
+        optax.clip_by_global_norm(0.5), optax.adamw(optax.cosine_decay_schedule(1e-2, 100), weight_decay=1e-3,
+                                                    mask=lambda p: {"w1": True, "b1": False, "w2": True})),
+    "sgd": lambda: optax.sgd(0.05),
+    "sgd(nesterov, warmup cosine)": lambda: optax.sgd(optax.warmup_cosine_decay_schedule(0.0, 0.05, 10, 100),
+                                                      momentum=0.9, nesterov=True),
+    "clip+sgd(momentum)": lambda: optax.chain(optax.clip_by_global_norm(1.0), optax.sgd(0.05, momentum=0.8)),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_train_step_keeps_optax_s_state_and_matches_plain_optax_over_100_steps(name):
     rng = np.random.default_rng(9)
     w = mlp_params(rng)
     batches = [(jnp.asarray(rng.standard_normal((5, 6))), jnp.asarray(rng.integers(0, 4, 5))) for _ in range(4)]
-    sched = optax.cosine_decay_schedule(1e-2, 100)
-    for opt in (optax.adam(1e-2), optax.chain(optax.clip_by_global_norm(0.5),
-                                               optax.adamw(sched, weight_decay=1e-3,
-                                                           mask=lambda p: {"w1": True, "b1": False, "w2": True}))):
+    for opt in (OPTIMIZERS[name](),):
         step, state = interop.train_step(mlp_loss, w, *batches[0], optimizer=opt)
+        assert step.native_update and step.why is None   # the whole step is one custom call
         assert jax.tree.structure(state[1]) == jax.tree.structure(opt.init(w))
 
         @jax.jit
@@ -232,9 +245,75 @@ def test_train_step_keeps_optax_s_state_and_matches_plain_optax_over_100_steps()
             assert abs(float(loss) - float(rloss)) <= 1e-12 * max(1.0, abs(float(rloss)))
         assert rel(state[0], rstate[0]) <= 1e-12
         assert jax.tree.structure(state) == jax.tree.structure(rstate)
+        assert rel(state[1], rstate[1]) <= 1e-12   # moments, traces and counts too
+        assert [a.dtype for a in jax.tree.leaves(state)] == [a.dtype for a in jax.tree.leaves(rstate)]
         # continue with plain optax from train_step's state
         _, cont = ref(state, *batches[0])
         assert all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(cont[0]))
+
+
+def test_train_step_runs_an_optimizer_without_a_native_form_through_xla_and_says_why():
+    rng = np.random.default_rng(10)
+    w = mlp_params(rng)
+    x, y = jnp.asarray(rng.standard_normal((5, 6))), jnp.asarray(rng.integers(0, 4, 5))
+    opt = optax.lion(1e-3)
+    step, state = interop.train_step(mlp_loss, w, x, y, optimizer=opt)
+    assert not step.native_update and step.why == "optax's scale_by_lion has no native form"
+    loss, state = step(state, x, y)
+    g = jax.grad(mlp_loss)(w, x, y)
+    u, _ = opt.update(g, opt.init(w), w)
+    assert rel(state[0], optax.apply_updates(w, u)) <= 1e-12
+    with pytest.raises(CaptureError, match="native_update=True, but the optimizer has no native step: optax's "
+                                           "scale_by_lion has no native form"):
+        interop.train_step(mlp_loss, w, x, y, optimizer=opt, native_update=True)
+    with pytest.raises(CaptureError, match=r"the chain \['scale_by_adam', 'trace', 'scale'\] is not adam"):
+        interop.train_step(mlp_loss, w, x, y, optimizer=optax.chain(optax.scale_by_adam(), optax.trace(0.9),
+                                                                     optax.scale(-0.1)), native_update=True)
+    step, _ = interop.train_step(mlp_loss, w, x, y, optimizer=optax.adam(1e-3), native_update=False)
+    assert not step.native_update and step.why == "native_update=False"
+
+
+def test_a_misread_optimizer_is_caught_against_optax_before_it_trains(monkeypatch):
+    from interop import optax_native
+    real = optax_native.read
+
+    def misread(opt):
+        spec = real(opt)
+        spec.b2 = 0.9   # optax.adam's b2 is 0.999
+        return spec
+    monkeypatch.setattr(optax_native, "read", misread)
+    rng = np.random.default_rng(11)
+    w = mlp_params(rng)
+    x, y = jnp.asarray(rng.standard_normal((5, 6))), jnp.asarray(rng.integers(0, 4, 5))
+    step, _ = interop.train_step(mlp_loss, w, x, y, optimizer=optax.adam(1e-2))
+    assert not step.native_update and "differs from optax's" in step.why and "misread" in step.why
+
+
+def test_train_step_trains_equinox_and_plain_jnp_losses_natively():
+    eqx = pytest.importorskip("equinox")
+    rng = np.random.default_rng(12)
+    mlp = eqx.nn.MLP(3, 2, 5, 2, key=jax.random.key(1), dtype=jnp.float64)
+    arrays, static = eqx.partition(mlp, eqx.is_array)
+
+    def eqx_loss(arrays, x, t):
+        return jnp.mean((jax.vmap(eqx.combine(arrays, static))(x) - t) ** 2)
+
+    def jnp_loss(w, x, t):
+        return jnp.mean((jnp.tanh(x @ w["a"]) @ w["b"] - t) ** 2) + 1e-3 * jnp.sum(w["a"] ** 2)
+    w = {"a": jnp.asarray(rng.standard_normal((3, 4))), "b": jnp.asarray(rng.standard_normal((4, 2)))}
+    x, t = jnp.asarray(rng.standard_normal((6, 3))), jnp.asarray(rng.standard_normal((6, 2)))
+    for fn, p in ((eqx_loss, arrays), (jnp_loss, w)):
+        opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(optax.cosine_decay_schedule(1e-2, 50)))
+        step, state = interop.train_step(fn, p, x, t, optimizer=opt)
+        assert step.native_update
+        ref = (p, opt.init(p))
+        for _ in range(50):
+            loss, state = step(state, x, t)
+            g = jax.grad(fn)(ref[0], x, t)
+            u, s = opt.update(g, ref[1], ref[0])
+            ref = (optax.apply_updates(ref[0], u), s)
+        assert rel(state, ref) <= 1e-12
+        assert jax.tree.structure(state) == jax.tree.structure(ref)
 
 
 def test_what_cannot_be_captured_is_named():

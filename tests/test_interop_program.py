@@ -585,3 +585,44 @@ def test_attaching_again_repoints_the_ffi_entry_or_retires_the_old_configuration
     with pytest.raises(Exception, match="is not loaded in this process"):
         jax.block_until_ready(step(params, state, batch))
     assert P.unload(h) is False
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("factory", [lambda: tg.Adam(0.0, weight_decay=0.1, clip=1.0),
+                                     lambda: tg.SGD(0.0, momentum=0.9, nesterov=True)], ids=["adamw", "nesterov"])
+def test_an_episode_takes_its_learning_rate_and_data_slots_per_call(backend, factory):
+    """lr=True: a schedule's value per step in place of the optimizer's; data=True: the masks of each call."""
+    def record(tape, W, mask):
+        return (tg.where(mask, (tape.const(DATA[0][0]) @ W).tanh(), 0.0) ** 2).sum()
+    tape = tg.Tape()
+    W = tape.param(W0, name="W")
+    mask = tape.const(np.ones((5, 3), bool))
+    opt = factory()
+    opt.add(tape, W)
+    prog = tg.capture(tape, record(tape, W, mask), backend=backend)
+    prog.attach(opt)
+    step = interop.program_episode(prog, data=True, lr=True)
+    run = jax.jit(step, donate_argnums=(0, 1))
+    params, opt_state = interop.episode_state(prog)
+    masks = [RNG.random((5, 3)) < 0.6 for _ in range(4)]
+    rates = [0.1, 0.05, 0.0, 0.02]
+    for m, lr in zip(masks, rates):
+        loss, params, opt_state = run(params, opt_state, interop.program_inputs(prog), data=(jnp.asarray(m),),
+                                      lr=jnp.asarray(lr))
+    # the tape, stepping with each rate and mask
+    ref = tg.Tape()
+    Wr = ref.param(W0)
+    o = factory()
+    o.add(ref, Wr)
+    start = ref.mark()
+    for m, lr in zip(masks, rates):
+        o.lr = lr
+        ref.backward(record(ref, Wr, ref.const(m)))
+        o.step()
+        ref.reset_to(start)
+    np.testing.assert_allclose(np.asarray(params["W"]), ref.value(Wr), rtol=1e-13, atol=1e-15)
+    assert int(opt_state.count) == 4
+    with pytest.raises(ProgramError, match="built with lr=True: pass lr="):
+        step(params, opt_state, interop.program_inputs(prog), data=(jnp.asarray(masks[0]),))
+    with pytest.raises(ProgramError, match=r"data\[0\] must be bool"):
+        step(params, opt_state, interop.program_inputs(prog), data=(jnp.zeros((5, 3)),), lr=0.1)

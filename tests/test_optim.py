@@ -71,6 +71,87 @@ def test_sgd_with_l2():
     assert np.array_equal(tape.value(b), [0.25 - lr * 3.0])
 
 
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd_momentum_equals_a_hand_computation_bit_for_bit(nesterov):
+    """optax's trace: tr ← g + m·tr; the step is lr·tr, or lr·(g + m·tr) with Nesterov."""
+    lr, m = 0.1, 0.9
+    got = quadratic(tg.SGD(lr, momentum=m, nesterov=nesterov), steps=3)
+    for k, w in enumerate(W0):
+        tr = 0.0
+        for step in range(3):
+            g = w + w
+            tr = g + m * tr
+            w = w - lr * (g + m * tr if nesterov else tr)
+            assert got[step][k] == w
+
+
+def test_adamw_decays_each_parameter_by_its_own_coefficient_bit_for_bit():
+    """AdamW: u = m̂/(√v̂ + eps) + wd·w, then w ← w + (−lr)·u; ``wd=0.0`` exempts a parameter (optax's mask)."""
+    lr, wd = 0.1, 0.2
+    tape = tg.Tape()
+    w, b = tape.param(np.array(W0)), tape.param(np.array([0.75]))
+    opt = tg.Adam(lr, weight_decay=wd)
+    opt.add(tape, w)
+    opt.add(tape, b, wd=0.0)
+    start = tape.mark()
+    for _ in range(3):
+        tape.backward((w * w).sum() + (b * b).sum())
+        opt.step()
+        tape.reset_to(start)
+    for got, w0, decay in ((tape.value(w), W0, wd), (tape.value(b), [0.75], 0.0)):
+        for x, want in zip(got, w0):
+            mu = nu = 0.0
+            for t in range(1, 4):
+                g = want + want
+                mu = (1.0 - 0.9) * g + 0.9 * mu
+                nu = (1.0 - 0.999) * (g * g) + 0.999 * nu
+                u = (mu / (1.0 - 0.9 ** t)) / (math.sqrt(nu / (1.0 - 0.999 ** t)) + 1e-8)
+                if decay:
+                    u = u + decay * want
+                want = want + (-lr) * u
+            assert x == want
+
+
+def test_momentum_and_decay_settings_are_checked():
+    with pytest.raises(tg.ConfigError, match="SGD: nesterov=True needs a momentum > 0"):
+        tg.SGD(0.1, nesterov=True)
+    with pytest.raises(tg.ConfigError, match=r"SGD: momentum must be a finite number in \[0.0, 1.0\], got 1.5"):
+        tg.SGD(0.1, momentum=1.5)
+    with pytest.raises(tg.ConfigError, match="Adam: weight_decay .* needs eps_mode='optax'"):
+        tg.Adam(0.1, weight_decay=0.1, eps_mode="hat")
+    tape = tg.Tape()
+    with pytest.raises(tg.ConfigError, match=r"SGD.add \(node 0\): wd \(decoupled weight decay\) is Adam's"):
+        tg.SGD(0.1).add(tape, tape.param(np.ones(2)), wd=0.1)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "native"])
+@pytest.mark.parametrize("factory", [lambda: tg.SGD(0.1, momentum=0.9), lambda: tg.SGD(0.1, momentum=0.5, nesterov=True,
+                                                                                         clip=1.0),
+                                     lambda: tg.Adam(0.1, weight_decay=0.2, clip=2.0)],
+                         ids=["momentum", "nesterov-clip", "adamw-clip"])
+def test_programs_replay_momentum_and_decay_bit_for_bit(backend, factory):
+    """The quadratic's gradient 2w is exact on every backend, so the program's steps equal the tape's."""
+    tape = tg.Tape()
+    w, b = tape.param(np.array(W0), name="w"), tape.param(np.array([0.75]), name="b")
+    opt = factory()
+    opt.add(tape, w)
+    opt.add(tape, b, wd=0.0 if opt.kind == "Adam" else None)
+    prog = tg.capture(tape, (w * w).sum() + (b * b).sum(), backend=backend)
+    prog.attach(opt)
+    for _ in range(5):
+        prog.episode()
+    start = tape.mark()
+    for _ in range(5):
+        tape.backward((w * w).sum() + (b * b).sum())
+        opt.step()
+        tape.reset_to(start)
+    assert np.array_equal(prog.value("w"), tape.value(w)) and np.array_equal(prog.value("b"), tape.value(b))
+    state = prog.optimizer_state()
+    assert state["count"] == 5 and all(np.array_equal(x, y) for x, y in zip(state["mu"], opt.state_dict()["mu"]))
+    if backend == "native":
+        assert "step" in prog.verified
+
+
 @pytest.mark.parametrize("mode", ["optax", "seed", "torch"])
 def test_global_norm_clipping_in_each_rounding(mode):
     maxn = 1.0
@@ -153,8 +234,10 @@ def test_flat_runs_equal_parameter_by_parameter_updates():
         assert np.array_equal(t1.value(a), t2.value(b))
 
 
-@pytest.mark.parametrize("factory", [lambda: tg.Adam(0.05, clip=0.5), lambda: tg.SGD(0.1, clip=1.0, clip_mode="seed")],
-                         ids=["adam", "sgd"])
+@pytest.mark.parametrize("factory", [lambda: tg.Adam(0.05, clip=0.5), lambda: tg.SGD(0.1, clip=1.0, clip_mode="seed"),
+                                     lambda: tg.SGD(0.1, momentum=0.9, nesterov=True),
+                                     lambda: tg.Adam(0.05, weight_decay=0.1)],
+                         ids=["adam", "sgd", "sgd-nesterov", "adamw"])
 def test_checkpoint_resume_continues_the_trajectory_bit_for_bit(tmp_path, factory):
     tape, params, opt = model(factory)
     train(tape, params, opt, 5, seed=1)

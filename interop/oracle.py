@@ -31,16 +31,22 @@ from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
 from .oracle_loops import loop_envs
-from .oracle_replay import (CONTROL, JEnv, Literal, Plan, Replay, bind, compiled, diff, is_float, is_key, lowp_bound,
-                            summary)
-from .oracle_rules import UnsupportedPrimitiveError, primitive_table
+from .oracle_replay import (CONTROL, JEnv, Literal, Plan, Replay, bind, compiled, diff, is_data, is_float, is_key,
+                            lowp_bound, summary)
+from .oracle_rules import CONSTANT, CONTROL_RULES, RULES, UnsupportedPrimitiveError, missing, primitive_table
 
 __all__ = ["check_grads", "assert_grads", "GradReport", "Divergence", "Kink", "Precision",
-           "UnsupportedPrimitiveError", "TracingError", "GradientMismatchError", "primitive_table"]
+           "UnsupportedPrimitiveError", "TracingError", "GradientMismatchError", "CheckGradsError", "primitive_table"]
 
 
 class TracingError(TapeError, TypeError):
     """``f`` branches in Python on a traced value (check_grads traces it as ``jax.jit`` does)."""
+
+
+class CheckGradsError(TapeError, ValueError):
+    """``f`` or its arguments are not something check_grads can check: ``argnums`` out of range, nothing
+    float to differentiate, complex numbers on the differentiable path, an output that is not one real
+    scalar. The message names the argument (its leaf path) or the equation."""
 
 
 class GradientMismatchError(TapeError, AssertionError):
@@ -175,15 +181,19 @@ def _prepare(f, args, argnums, has_aux):
     which = tuple(range(nargs)) if argnums is None else ((argnums,) if isinstance(argnums, int) else tuple(argnums))
     for a in which:
         if not -nargs <= a < nargs:
-            raise ValueError(f"check_grads: argnums {argnums!r} is out of range for {nargs} positional arguments")
+            raise CheckGradsError(f"check_grads: argnums {argnums!r} is out of range for {nargs} positional "
+                                  f"arguments")
     which = tuple(a % nargs for a in which)
     p.argnums, p.which = argnums, which
     p.arg_of = [path[0].idx for path, _ in leaves_p]
     p.names = [f"arg {path[0].idx}{jax.tree_util.keystr(path[1:])}" for path, _ in leaves_p]
+    for i, x in enumerate(leaves):
+        if p.arg_of[i] in which and _is_complex(jax.typeof(x)):
+            raise CheckGradsError(f"check_grads: {p.names[i]} is complex ({_typ(jax.typeof(x))}); {_NO_COMPLEX}")
     p.diff = [i for i, x in enumerate(leaves) if p.arg_of[i] in which and not is_key(jax.typeof(x))
               and is_float(jax.typeof(x))]
     if not p.diff:
-        raise ValueError(f"check_grads: no float leaf to differentiate in arguments {which} (integer, boolean "
+        raise CheckGradsError(f"check_grads: no float leaf to differentiate in arguments {which} (integer, boolean "
                          f"and key leaves are data, never differentiated)")
 
     def flat(*xs):
@@ -200,20 +210,22 @@ def _prepare(f, args, argnums, has_aux):
     outs = jax.tree.leaves(out_shape)
     if has_aux:
         if not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
-            raise ValueError("check_grads: has_aux=True needs f to return a pair (value, aux)")
+            raise CheckGradsError("check_grads: has_aux=True needs f to return a pair (value, aux)")
         value_shape = out_shape[0]
     else:
         value_shape = out_shape
     if not hasattr(value_shape, "shape") or value_shape.shape != () or np.dtype(value_shape.dtype).kind != "f":
         got = [f"{o.dtype}{list(o.shape)}" for o in outs] if not has_aux else [str(value_shape)]
-        raise ValueError(f"check_grads: f must return one scalar (a float, as jax.grad needs), got {got}"
-                         + ("" if has_aux else "; pass has_aux=True if f returns (value, aux)"))
+        raise CheckGradsError(f"check_grads: f must return one scalar (a real float, as jax.grad needs), got {got}"
+                              + (f"; {_NO_COMPLEX}" if _is_complex(value_shape) else
+                                 "" if has_aux else "; pass has_aux=True if f returns (value, aux)"))
     p.closed, p.plan = closed, Plan(closed)
     p.aux_tree = jax.tree.structure(out_shape[1]) if has_aux else None
     fun = jax.extend.core.jaxpr_as_fun(closed)
     diff_idx = p.diff
 
     keep = p.plan.needed([p.plan.in_slots[i] for i in diff_idx])
+    _refuse_complex(p)
 
     def jax_side(consts, xs):
         vals, aux = p.plan.evaluate(consts, xs, keep)
@@ -235,6 +247,60 @@ def _prepare(f, args, argnums, has_aux):
     return p, leaves
 
 
+_NO_COMPLEX = ("complex numbers are not supported (the tape holds real float32/float64 values): pass real and "
+               "imaginary parts as separate real arrays")
+
+
+def _is_complex(aval):
+    return hasattr(aval, "dtype") and not is_key(aval) and np.dtype(aval.dtype).kind == "c"
+
+
+def _typ(aval):
+    return f"{aval.dtype}{list(aval.shape)}"
+
+
+def _refuse_complex(p):
+    """CheckGradsError for complex values on the differentiable path (the replay would cast them to real):
+    naming the argument when one is complex, else the first equation that computes in complex. Left to
+    the unsupported-primitive error when a step has no rule (it names them all, after the replay)."""
+    steps = list(_replayed(p.plan, [p.plan.in_slots[i] for i in p.diff]))
+    if any(st.eqn.primitive.name not in CONTROL_RULES and (st.eqn.primitive.name not in RULES
+                                                          or missing(st.eqn.primitive.name)) for _, st, _ in steps):
+        return
+    found = [(k, st, v, s if top and isinstance(s, int) else None) for k, st, top in steps
+             for v, s in list(zip(st.eqn.invars, st.ins)) + [(v, None) for v in st.eqn.outvars] if _is_complex(v.aval)]
+    leaf_of = {s: i for i, s in enumerate(p.plan.in_slots)}
+    for k, st, v, s in found:
+        if s in leaf_of:
+            raise CheckGradsError(f"check_grads: {p.names[leaf_of[s]]} ({_typ(v.aval)}) meets the differentiated "
+                                  f"arguments at equation {k} ({summary(st.eqn)}): {_NO_COMPLEX}")
+    if found:
+        k, st, v, _ = found[0]
+        raise CheckGradsError(f"check_grads: equation {k} ({summary(st.eqn)}) computes in {v.aval.dtype} on values "
+                              f"that depend on the differentiated arguments; {_NO_COMPLEX}")
+
+
+def _replayed(plan, tainted, top=None):
+    """(step index, step, whether at the top level) of each step of ``plan`` that depends on the slots
+    ``tainted`` and would be replayed, taint passing through float and complex results (``Plan.needed``
+    stops at complex ones). Loop and branch bodies are looked into, every float body input counted as
+    tainted (iterations mix carries), their steps indexed by the step ``top`` holding them."""
+    tainted = set(tainted)
+    for k, st in enumerate(plan.steps):
+        name = st.eqn.primitive.name
+        if (not any(isinstance(s, int) and s in tainted for s in st.ins) or name in CONSTANT
+                or all(is_data(v.aval) for v in st.eqn.outvars)):
+            continue
+        tainted.update(s for s, v in zip(st.outs, st.eqn.outvars) if is_float(v.aval) or _is_complex(v.aval))
+        at = k if top is None else top
+        yield at, st, top is None
+        for val in st.eqn.params.values() if name in CONTROL_RULES else ():
+            for j in (val if isinstance(val, tuple) else (val,)):
+                if hasattr(j, "eqns") or hasattr(j, "jaxpr"):
+                    sub = Plan.of(j)
+                    yield from _replayed(sub, [sl for sl, a in zip(sub.in_slots, sub.in_avals) if is_float(a)], at)
+
+
 # ── check_grads ──────────────────────────────────────────────────────────────
 
 def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
@@ -245,7 +311,9 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     ``custom_vjp``…); ``args`` are arrays or pytrees. ``argnums`` as in ``jax.grad`` (None: every
     argument); integer, boolean and key leaves are data, never differentiated or cast; float leaves
     are checked in float64 (inside a scoped x64 context). Returns a ``GradReport``; primitives the
-    tape cannot replay on differentiable values raise ``UnsupportedPrimitiveError`` naming them all.
+    tape cannot replay on differentiable values raise ``UnsupportedPrimitiveError`` naming them all,
+    and what cannot be checked at all (complex numbers on the differentiable path, nothing float to
+    differentiate, an output that is not one real scalar) ``CheckGradsError`` naming the argument or step.
     Like ``jax.jit``, the trace and JAX's compiled side are cached per function and argument types.
 
     >>> import interop

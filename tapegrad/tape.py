@@ -148,6 +148,15 @@ class Var:
     def __bool__(self):
         raise TypeError("a Var has no truth value; compare values with tape.value(v)")
 
+    # NumPy's functions and ufuncs on a Var: tapegrad's op, or an error naming them (tapegrad/numpy_dispatch.py)
+    def __array_function__(self, func, types, args, kwargs):
+        from .numpy_dispatch import function
+        return function(func, types, args, kwargs)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from .numpy_dispatch import ufunc as call
+        return call(ufunc, method, inputs, kwargs)
+
     __hash__ = object.__hash__
 
 
@@ -223,7 +232,7 @@ class Tape:
         self._last_top: Optional[int] = None      # the loss id of the last first-pass backward
         self._summed: Optional[np.ndarray] = None  # the broadcast sum _accumulate made last
         self._kept = {}       # node id -> the buffers its forward kept for its backward (Op.keep)
-        self._undo = None     # during an accumulating backward: leaf id -> its gradient before the pass
+        self._undo: Optional[dict] = None   # during an accumulating backward: leaf id -> its gradient before the pass
 
     # ── leaves ───────────────────────────────────────────────────────────────
 
@@ -273,7 +282,13 @@ class Tape:
         if isinstance(array, Var):
             raise TypeError(f"{at(name, len(self))}: expected an array, got a Var (use it directly)")
         if not isinstance(array, np.ndarray):
-            raw = np.asarray(array)   # complex, str, None: no float() here; the dtype check names them
+            try:
+                raw = np.asarray(array)   # complex, str, None: no float() here; the dtype check names them
+            except ValueError as e:       # a ragged nested list: NumPy's own message names no op
+                return self._fail(ShapeError(f"{at(name, len(self))}: expected an array or a rectangular nested "
+                                             f"list of numbers, got a {type(array).__name__} NumPy cannot make one "
+                                             f"array of ({e}); pad the rows to one length, or register the pieces "
+                                             f"separately"))
             array = raw.astype(self.dtype) if raw.dtype.kind in "fbiu" and not isinstance(array, np.generic) else raw
         if op is O.const and array.dtype.kind in "biu":
             return self._data(array)

@@ -80,7 +80,8 @@ def test_another_build_under_this_programs_name_is_rebuilt_not_called(cache, oth
     again, log = victim(cache, 3)        # a crash here was the defect
     assert again == mine
     assert re.search(rf"native build {re.escape(os.path.basename(mine))}: the cached library is another build "
-                     rf"\(its identity: 'tapegrad {re.escape(os.path.basename(theirs)[:-3])}; source sha256 [0-9a-f]{{16}};"
+                     rf"\(its identity: 'tapegrad {re.escape(os.path.basename(theirs)[:-3])}; "
+                     rf"source sha256 [0-9a-f]{{16}};"
                      rf" cc .*; flags .*-march=\S+.*'\); rebuilding it", log), log
     assert open(mine, "rb").read() != planted and build._valid(mine, mine + ".sum")
     victim(cache, 3)                      # and the rebuilt library is served from then on
@@ -121,7 +122,8 @@ def test_the_identity_names_the_file_the_source_the_compiler_and_the_flags(cache
     monkeypatch.setenv(build.MARCH_ENV, "x86-64-v2")
     lib = build.load(build.build(SRC, "probe"))
     ident = build._identity_in(lib)
-    m = re.fullmatch(r"tapegrad probe-([0-9a-f]{32}); source sha256 ([0-9a-f]{16}); cc (.+?) \((.+)\); flags (.*)", ident)
+    m = re.fullmatch(r"tapegrad probe-([0-9a-f]{32}); source sha256 ([0-9a-f]{16}); cc (.+?) \((.+)\); "
+                     r"flags (.*)", ident)
     assert m, ident
     assert m[1] == build.key_of(SRC, REAL_CC) and m[3] == " ".join((REAL_CC,) + build.cc_args())
     assert "-march=x86-64-v2" in m[5].split()
@@ -160,10 +162,10 @@ def fake_cc(tmp_path, body, name="fakecc"):
 def test_a_library_without_the_source_in_it_is_never_cached(cache, monkeypatch, tmp_path):
     """What the -dcache build cached: the compiler read no source and linked an empty library."""
     monkeypatch.setenv("CC", fake_cc(tmp_path, f'exec {REAL_CC} -shared -fPIC -o "$out" -x c /dev/null'))
-    with pytest.raises(tg.BuildError, match=r"native backend: fakecc exited 0 but its library for probe-[0-9a-f]{32}\.so "
-                                            r"exports no tg_identity instead of 'tapegrad probe-[0-9a-f]{32}; source "
-                                            r"sha256 .*' \(was the source compiled at all\?\); nothing was cached; "
-                                            r"check CC"):
+    with pytest.raises(tg.BuildError, match=r"native backend: fakecc exited 0 but its library for "
+                                            r"probe-[0-9a-f]{32}\.so exports no tg_identity instead of "
+                                            r"'tapegrad probe-[0-9a-f]{32}; source sha256 .*' \(was the source "
+                                            r"compiled at all\?\); nothing was cached; check CC"):
         build.build(SRC, "probe")
     assert leftovers(cache, ".so", ".tmp") == []
 

@@ -7,7 +7,8 @@ optimizer's parameter table (long long), ``[5]`` the LAPACK function table (lina
 an optional thread pool for large products and optimizer updates (``tg_team`` in runtime.c; 0: one
 thread), ``[7]`` reserved, ``[8 + i]`` buffer ``i`` (values, gradients, scratch, optimizer state). Elementwise nodes print the registry's C expressions through
 one dialect (``expr.py``); the rest call the runtime kernels in ``runtime.c``. A fused segment is one
-loop whose body is the unfused loop bodies in node order, so it rounds identically.
+loop whose body is the unfused loop bodies in node order, so it rounds identically. ``build`` appends
+``const char tg_identity[]`` (which build the library is), read before any of these is called.
 
 CUDA is another dialect of this source (``target="cuda"``): the same expressions printed by
 ``expr.CUDA64``/``CUDA32`` (``__dadd_rn``…, so nvcc cannot contract them) and each fused segment's loop

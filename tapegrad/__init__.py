@@ -14,7 +14,8 @@ from .errors import (ArgumentError, BuildError, CheckpointError, ConfigError, Do
                      ForeignVarError, LazyValueError, NonFiniteError, ShapeError, TapeError, VerificationError)
 from .functional import (abs, add, bmm, broadcast_to, concat, div, exp, log, log_softmax, matmul, max,
                          maximum, mean, mse, mul, neg, power, relu, reshape, sigmoid, softmax,
-                         softmax_cross_entropy, sqrt, square, sub, sum, tanh, transpose)
+                         softmax_cross_entropy, sqrt, square, stop_gradient, sub, sum, tanh, transpose)
+from .functional import finite_or_zero
 # special functions
 from .functional import (asinh, atan2, cos, digamma, erf, erfc, expm1, lgamma, log1p, log_sigmoid, sin, softplus,
                          tan)

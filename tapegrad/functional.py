@@ -129,8 +129,17 @@ def _unary(op) -> Callable[[Var], Var]:
     return f
 
 
-neg, relu, sigmoid, tanh, exp, log, sqrt, abs, square = (
-    _unary(getattr(O, n)) for n in ("neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "square"))
+neg, relu, sigmoid, tanh, exp, log, sqrt, abs, square, stop_gradient, finite_or_zero = (
+    _unary(getattr(O, n)) for n in ("neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "square",
+                                    "stop_gradient", "finite_or_zero"))
+
+stop_gradient.__doc__ = """``a`` itself, as a constant of the loss: no gradient flows back through it (``jax.lax.stop_gradient``).
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape(); w = tape.param(np.array([3.0]))
+    >>> _ = tape.backward((w * tg.stop_gradient(w)).sum()); tape.grad(w).tolist()
+    [3.0]
+    """
 
 
 def power(a: Var, p: float) -> Var:

@@ -7,7 +7,8 @@ An entry holds
           a contribution may be out-shaped for a broadcasting input (the tape sums it down),
   ref     (jnp, a, b, s) -> out, an independently written JAX reference (only tests and interop call
           it, passing jax.numpy with ``jnp.lax`` and ``jnp.scipy`` reaching jax.lax and jax.scipy),
-  inputs  one letter per input: "f" float (differentiable), "i" integer data, "b" boolean data;
+  inputs  one letter per input: "f" float (differentiable), "n" float that passes no gradient
+          (``stop_gradient``: its result is a constant of the loss), "i" integer data, "b" boolean data;
           data inputs (indices, masks) are tape leaves made by ``tape.const`` of an integer or bool
           array, never differentiated, settable per episode in a captured program,
   check   (a, b, s[, c]) -> None, optional: validates data inputs' values (indices in range),
@@ -86,7 +87,7 @@ class Op:
 
     def __post_init__(self):
         kinds = self.inputs or "f" * self.arity
-        assert len(kinds) == self.arity and set(kinds) <= set("fib"), (self.name, kinds)
+        assert len(kinds) == self.arity and set(kinds) <= set("fnib"), (self.name, kinds)
         assert self.arity < 3 or kinds[2] != "f", f"{self.name}: a third input is data (see the module docstring)"
         assert self.keep is None or kinds == "f" * self.arity, f"{self.name}: kept buffers take a data input's place"
         object.__setattr__(self, "inputs", kinds)
@@ -611,6 +612,24 @@ relu = op("relu", 1, same, doc="max(a, 0); gradient 0 at 0 (as JAX)",
           da=into(lambda g, out, a, b, s, t: (np.greater(a, 0.0, out=t), np.multiply(g, t, out=t))),
           ref=lambda jnp, a, b, s: jnp.where(a > 0, a, 0.0),
           c_fwd="a > 0.0 ? a : (a != a ? a : 0.0)", c_da="g * (a > 0.0 ? 1.0 : 0.0)", domain=(away0,), cases=UN)
+stop_gradient = op("stop_gradient", 1, same, inputs="n", doc="a, through which no gradient flows (JAX's stop_gradient)",
+                   fwd=lambda a, b, s, out, ws: np.copyto(out, a),
+                   # its result has no gradient path, so a backward reaches it only as the loss itself
+                   da=into(lambda g, out, a, b, s, t: t.fill(0.0)),
+                   ref=lambda jnp, a, b, s: jnp.lax.stop_gradient(a),
+                   c_fwd="a", c_da="0.0", domain=(real,), cases=UN)
+
+
+def finite_or_zero_fwd(a, b, s, out, ws):
+    np.copyto(out, a)
+    np.copyto(out, 0.0, where=np.logical_not(np.isfinite(a, out=ws.take_mask(a.shape))))
+
+
+finite_or_zero = op("finite_or_zero", 1, same, doc="a where finite, else 0 (the shift of JAX's stable softmax)",
+                    fwd=finite_or_zero_fwd,
+                    da=into(lambda g, out, a, b, s, t: (np.isfinite(a, out=t), np.multiply(g, t, out=t))),
+                    ref=lambda jnp, a, b, s: jnp.where(jnp.isfinite(a), a, 0.0),
+                    c_fwd="a - a == 0.0 ? a : 0.0", c_da="a - a == 0.0 ? g : 0.0", domain=(real,), cases=UN)
 abs = op("abs", 1, same, doc="|a|; gradient sign(a), 0 at 0",
          fwd=lambda a, b, s, out, ws: np.abs(a, out=out),
          da=abs_da,

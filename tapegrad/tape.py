@@ -410,12 +410,12 @@ class Tape:
                 return self._fail(e)
             n = self._nodes[i]
             have = "a float Var" if n.op is not O.data else _DATA_NAMES[self._val[i].dtype.kind]
-            want = "a float Var" if kind == "f" else O.DATA_KINDS[kind] + " data"
+            want = "a float Var" if kind in "fn" else O.DATA_KINDS[kind] + " data"
             if have != want:
                 hint = {"f": "data leaves are not differentiable; make a float constant with "
                              "tape.const(x.astype(float))",
                         "b": "make a mask with tape.const(np.asarray(m, bool))",
-                        "i": "make indices with tape.const(np.asarray(i, int))"}[kind]
+                        "i": "make indices with tape.const(np.asarray(i, int))"}[kind.replace("n", "f")]
                 return self._fail(ArgumentError(f"{at(op.name, len(self))}: argument {arg} (node {i}) must be "
                                                 f"{want}, got {have}; {hint}"))
             ids.append(i)

@@ -1,7 +1,8 @@
 """One reading of the registry's test cases for every harness: inputs per kind, recorded on a tape.
 
 A case is ``(a, b, s)`` or, for an op with a third input, ``(a, b, s, c)``; a float input is given by
-its shape (values drawn from the op's domain), a data input (indices, a mask) by the array itself.
+its shape (values drawn from the op's domain), a data input (indices, a mask) by the array itself. A
+float input that passes no gradient ("n", ``stop_gradient``'s) is recorded like a float one.
 """
 import numpy as np
 
@@ -18,14 +19,14 @@ def parts(op, case):
 def make(op, case, rng):
     """(one array per input, s): floats drawn from the op's domain, data as the case gives it."""
     entries, s = parts(op, case)
-    arrays = [np.asarray(x) if kind != "f" else dom(rng, tuple(x))
+    arrays = [np.asarray(x) if kind not in "fn" else dom(rng, tuple(x))
               for kind, x, dom in zip(op.inputs, entries, op.domain)]
     return arrays, s
 
 
 def record(tape, op, arrays, s, leaf="param"):
     """Leaves for ``arrays`` (floats as ``leaf``, data as constants) and the op applied: (vars, y)."""
-    vs = [getattr(tape, leaf)(x) if kind == "f" else tape.const(x) for kind, x in zip(op.inputs, arrays)]
+    vs = [getattr(tape, leaf)(x) if kind in "fn" else tape.const(x) for kind, x in zip(op.inputs, arrays)]
     a, b, c = (vs + [None, None])[:3]
     return vs, tape.apply(op, a, b, s, c)
 

@@ -67,9 +67,21 @@ class _Capture(Replay):
         self.keep_slots, self.keep_steps = set(), set()
         self._body_dep = {}
         self._plans = []
+        self._producers = {}
 
     def rules(self):
         return _RULES
+
+    def skips(self, name, constant):
+        return name in constant and name != "stop_gradient"   # recorded: tg.stop_gradient, in the program
+
+    def producer(self, s):
+        """The step of the plan being replayed that computes slot ``s`` (None: an input or a constant)."""
+        plan = self._plans[-1][0]
+        made = self._producers.get(id(plan))
+        if made is None:
+            made = self._producers[id(plan)] = (plan, {o: st for st in plan.steps for o in st.outs})
+        return made[1].get(s)
 
     def run(self, plan, tenv, jenv, *args, **kw):
         self._plans.append((plan, set()))
@@ -148,11 +160,32 @@ def _data_feed(r, i, transform, example, slot=None):
 def _select_n(r, xs, eqn):
     pred, cases = xs[0], xs[1:]
     shape = _out_shape(eqn)
+    y = _finite_or_zero(r, xs)
+    if y is not None:
+        return tg.finite_or_zero(y)
     out = r.var(cases[0])
     for k in range(1, len(cases)):
         mask = _data_feed(r, 0, lambda p, k=k: jnp.broadcast_to(p if p.dtype == bool else p == k, shape), pred)
         out = tg.where(mask if isinstance(mask, tg.Var) else np.asarray(mask), r.var(cases[k]), out)
     return out
+
+
+def _finite_or_zero(r, xs):
+    """``select_n(is_finite(y), 0, y)`` (JAX's shift of a stable softmax, logsumexp) with y on the tape:
+    y's Var, so the program computes the select itself instead of JAX computing the mask each call."""
+    ins = r._st[1].ins
+    if len(ins) != 3 or isinstance(ins[0], Literal) or not isinstance(xs[2], tg.Var) or isinstance(xs[1], tg.Var):
+        return None
+    made = r.producer(ins[0])
+    if made is None or made.eqn.primitive.name != "is_finite" or made.ins[0] != ins[2]:
+        return None
+    if not isinstance(ins[1], Literal) and ins[1] in r.moving():
+        return None
+    return xs[2] if np.all(np.asarray(xs[1]) == 0.0) else None
+
+
+def _stop_gradient(r, xs, eqn):
+    return tg.stop_gradient(r.var(xs[0]))
 
 
 def _index_map(r):
@@ -206,7 +239,7 @@ def _scatter(fn_name):
     return rule
 
 
-_CAPTURE_RULES = {"select_n": _select_n, "gather": _gather, "scatter-add": _scatter("index_add"),
+_CAPTURE_RULES = {"select_n": _select_n, "stop_gradient": _stop_gradient, "gather": _gather, "scatter-add": _scatter("index_add"),
                   "scatter_add": _scatter("index_add"), "scatter": _scatter("index_set")}
 
 
@@ -310,6 +343,13 @@ class Captured:
         self._feeds, self.has_aux, self.aux_tree, self._aux_slots = feeds, has_aux, aux_tree, aux_slots
         self.argnums, self.nargs = argnums, nargs
         self._avals = [jax.typeof(x) for x in leaves]
+
+    @property
+    def fed(self) -> list[tuple[int, ...]]:
+        """Shapes of the float inputs JAX computes on every call (data batches, values without gradient it
+        cannot leave to the program), in the program's input order; constants of ``fn`` are not fed."""
+        consts = self.program.consts
+        return [tuple(self.program.shapes[k]) for k, (kind, _) in zip(consts, self._feeds[2]) if kind != "const"]
 
     def _leaves(self, who, args):
         leaves, tree = jax.tree.flatten(args)

@@ -396,6 +396,11 @@ class Replay:
 
     # ── helpers for rules ─────────────────────────────────────────────────────
 
+    def skips(self, name, constant):
+        """Whether a step of primitive ``name`` is left to JAX (its value enters as a constant): by
+        default the ``constant`` ones (no gradient flows through them: stop_gradient, sign, floor…)."""
+        return name in constant
+
     def var(self, x):
         """A Var for a step operand: Vars pass through, values become constants (data stays data)."""
         if isinstance(x, tg.Var):
@@ -468,7 +473,7 @@ class Replay:
                 continue
             eqn = st.eqn
             name = eqn.primitive.name
-            if name in CONSTANT or all(is_data(v.aval) for v in eqn.outvars):
+            if self.skips(name, CONSTANT) or all(is_data(v.aval) for v in eqn.outvars):
                 continue
             if top:
                 self.tainted.add(k)

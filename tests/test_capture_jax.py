@@ -427,3 +427,29 @@ def test_a_whole_equinox_module_as_the_argument_says_to_partition_it():
     with pytest.raises(CaptureError, match=r"argument leaf .* is a \w+, not an array; .*eqx.partition\(model, "
                                            r"eqx.is_array\)"):
         interop.capture_jax(lambda m, x: jnp.sum(m(x)), mlp, jnp.ones(3), backend="numpy")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stop_gradient_and_the_softmax_shift_are_computed_in_the_program(backend):
+    """No JAX forward per call: stop_gradient and select(is_finite(m), m, 0) become program ops, so the
+    fed operands are the data only (x, the labels' index maps), never a value of the parameters."""
+    rng = np.random.default_rng(13)
+    w = mlp_params(rng)
+    x, y = jnp.asarray(rng.standard_normal((5, 6))), jnp.asarray(rng.integers(0, 4, 5))
+
+    def loss(w, x, y, mask, held=None):   # jax.nn.log_softmax (a stop_gradient shift), optax's xent (is_finite)
+        h = jnp.tanh(x @ w["w1"] + w["b1"]) @ w["w2"]
+        nll = -jnp.take_along_axis(jax.nn.log_softmax(jnp.where(mask, h, -jnp.inf)), y[:, None], axis=1)[:, 0]
+        xent = optax.softmax_cross_entropy_with_integer_labels(h, y)
+        frozen = jax.lax.stop_gradient(w["b1"] ** 2) if held is None else held
+        return jnp.mean(nll) + jnp.mean(xent) + jnp.sum(w["b1"] * frozen)
+    mask = jnp.ones((5, 4), bool).at[:, 3].set(False)
+    y = jnp.minimum(y, 2)
+    vg = interop.value_and_grad(loss, w, x, y, mask, backend=backend)
+    prog = vg.captured.program
+    names = [nd[0].name for nd in prog.nodes]
+    assert "stop_gradient" in names and "finite_or_zero" in names
+    assert vg.captured.fed == [(5, 6)]   # x only: nothing computed from w by JAX
+    w2 = jax.tree.map(lambda a: a * 1.5, w)
+    _, g = agree(vg, loss, (w2, x, y, mask))
+    fd_check(loss, w2, (x, y, mask, w2["b1"] ** 2), g)   # finite differences with the stopped value held

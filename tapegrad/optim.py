@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import numpy as np
 
+from ._interrupts import sigint_held
 from .errors import ConfigError, ForeignVarError, TapeError
 
 if TYPE_CHECKING:
@@ -278,8 +279,12 @@ class Optimizer:
         if self._drops != self.tape._params.drops:   # reset_to dropped parameters since the last check
             self.check_params(f"{self.kind}.step")
             self._drops = self.tape._params.drops
-        self.count += 1
-        sc = self.step_scalars(self.count)
+        with sigint_held():   # Ctrl-C mid-update would leave some parameters stepped and others not
+            self._step(self.count + 1)
+            self.count += 1
+
+    def _step(self, count):
+        sc = self.step_scalars(count)
         work = []
         for unit in self._units():
             g = unit.g

@@ -31,7 +31,8 @@ JAX preallocates 75% of GPU memory, which starves CuPy's pool: run with
 import numpy as np
 
 from ._jax import jax, jnp
-from .program import ProgramError, _LIB, _named, _positional, _Sig, native_library, program_episode
+from .program import (ProgramError, _LIB, _named, _positional, _Sig, count_operand, count_result, native_library,
+                      program_episode)
 
 TARGET = "tapegrad_gpu_episode"   # the registered name is this plus the handler source's hash
 
@@ -100,7 +101,7 @@ def program_episode_gpu(program, *, handles=None):
         params = tuple(jnp.asarray(x) for x in params)
         opt_state = tuple(jnp.asarray(x) for x in opt_state)
         inputs = tuple(jnp.asarray(x) for x in inputs)
-        count = jnp.asarray(count, sig.dtype)
+        count = count_operand(count, sig.dtype)
         sig.check("program_episode_gpu", [("params", sig.params, params), ("opt_state", sig.state, opt_state),
                                           ("inputs", sig.inputs, inputs)])
         xs = params + opt_state + (count,) + inputs
@@ -108,7 +109,7 @@ def program_episode_gpu(program, *, handles=None):
                                                          for s in sig.params + sig.state]
         specs.append(jax.ShapeDtypeStruct((), sig.dtype))
         out = jax.ffi.ffi_call(name, specs, input_output_aliases=aliases, vmap_method="sequential")(*xs, **attrs)
-        return out[0], tuple(out[1:1 + np_]), tuple(out[1 + np_:1 + np_ + ns]), out[-1]
+        return out[0], tuple(out[1:1 + np_]), tuple(out[1 + np_:1 + np_ + ns]), count_result(out[-1], sig.dtype)
 
     def step(params, opt_state, inputs):
         p, st, count = _positional(program, "program_episode_gpu", params, opt_state)

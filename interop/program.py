@@ -344,7 +344,7 @@ def _host_episode_unlocked(program, flat=False, lr=False):
             np.copyto(p.val[k], x)
         for s, x in zip(state, xs[np_:np_ + ns]):
             np.copyto(s, x)
-        o.count = int(xs[np_ + ns])
+        o.count = _count_host(xs[np_ + ns])
         p.runner.push_count()
         rest = xs[np_ + ns + 1:]
         for k, x in zip(p.consts, rest[:ni]):
@@ -359,7 +359,7 @@ def _host_episode_unlocked(program, flat=False, lr=False):
             np.copyto(out, p.val[k])
         for out, s in zip(outs[1 + np_:1 + np_ + ns], state):
             np.copyto(out, s)
-        outs[-1][...] = o.count
+        _count_host(outs[-1], o.count)
     return run
 
 
@@ -539,7 +539,7 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
         params = tuple(jnp.asarray(x) for x in params)
         opt_state = tuple(jnp.asarray(x) for x in opt_state)
         inputs, rate, data_, groups = extra(inputs, data, lr)
-        count = jnp.asarray(count, sig.dtype)
+        count = count_operand(count, sig.dtype)
         sig.check("program_episode", [("params", sig.params, params), ("opt_state", sig.state, opt_state)] + groups)
         xs = params + opt_state + (count,) + inputs + rate + data_
         specs = [_spec(xs, (), sig.dtype)] + [_spec(xs, s, sig.dtype) for s in sig.params + sig.state]
@@ -550,7 +550,7 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
         else:
             out = host_call(_host_episode(program, lr=bool(rate)), specs, *xs, vmap_method="sequential",
                             input_output_aliases=aliases)
-        return out[0], tuple(out[1:1 + np_]), tuple(out[1 + np_:1 + np_ + ns]), out[-1]
+        return out[0], tuple(out[1:1 + np_]), tuple(out[1 + np_:1 + np_ + ns]), count_result(out[-1], sig.dtype)
 
     def step(params, opt_state, inputs, data=(), lr=None):
         p, st, count = _positional(program, "program_episode", params, opt_state)
@@ -558,7 +558,7 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
         return (loss,) + _named(program, p, st, count)
 
     step.program, step.native = program, native
-    # the same call on positional tuples: (params, [mu_0, nu_0, …], count in the program's dtype, inputs)
+    # the same call on positional tuples: (params, [mu_0, nu_0, …], count (an integer), inputs[, data, lr])
     step.positional = positional
     return step
 
@@ -566,6 +566,30 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
 def _flat_sizes(program):
     sig = _Sig(program)
     return [int(np.prod(sh)) for sh in sig.params + sig.state] + [1]
+
+
+def count_operand(count, dtype):
+    """The step counter as an episode operand of the program's dtype: a float64 holds it exactly; in
+    float32 it travels as int32's bits (a float32 would stop counting at 2**24)."""
+    count = jnp.asarray(count)
+    if np.dtype(dtype) == np.float64:
+        return count.astype(jnp.float64)
+    return jax.lax.bitcast_convert_type(count.astype(jnp.int32), jnp.float32)
+
+
+def count_result(x, dtype):
+    """``count_operand``'s inverse: the int32 counter."""
+    if np.dtype(dtype) == np.float64:
+        return jnp.asarray(x).astype(jnp.int32)
+    return jax.lax.bitcast_convert_type(jnp.asarray(x), jnp.int32)
+
+
+def _count_host(buf, value=None):
+    """Read (``value`` None) or write the counter in a host callback's operand or result ``buf``."""
+    view = buf if buf.dtype == np.float64 else buf.view(np.int32)
+    if value is None:
+        return int(view.reshape(()))
+    view[...] = value
 
 
 class SGDState(NamedTuple):
@@ -640,7 +664,7 @@ def _positional(program, who, params, opt_state):
         for what in fields:
             check(f"opt_state.{what}", getattr(opt_state, what, None), onames)
         state = tuple(getattr(opt_state, what)[n] for n in onames for what in fields)
-    return tuple(params[n] for n in names), state, jnp.asarray(count).astype(sig.dtype)
+    return tuple(params[n] for n in names), state, jnp.asarray(count).astype(jnp.int32)
 
 
 def unflatten_state(program: Program, state: Any) -> tuple[dict[str, Any], Any]:
@@ -649,13 +673,14 @@ def unflatten_state(program: Program, state: Any) -> tuple[dict[str, Any], Any]:
     parts = jnp.split(jnp.asarray(state), np.cumsum(_flat_sizes(program))[:-1].tolist())
     arrays = [a.reshape(sh) for a, sh in zip(parts, sig.params + sig.state + [()])]
     n = len(sig.params)
-    return _named(program, arrays[:n], arrays[n:-1], arrays[-1])
+    return _named(program, arrays[:n], arrays[n:-1], count_result(arrays[-1], sig.dtype))
 
 
 def flatten_state(program: Program, params: Mapping[str, Any], opt_state: Any) -> Any:
     """The flat vector ``[params | opt_state | count]`` of a named state (``unflatten_state``'s inverse)."""
     p, st, count = _positional(program, "flatten_state", params, opt_state)
-    return jnp.concatenate([jnp.ravel(jnp.asarray(a, program.dtype)) for a in p + st] + [jnp.reshape(count, (1,))])
+    return jnp.concatenate([jnp.ravel(jnp.asarray(a, program.dtype)) for a in p + st]
+                           + [jnp.reshape(count_operand(count, np.dtype(program.dtype)), (1,))])
 
 
 def episode_state(program: Program, flat: bool = False) -> Any:

@@ -362,13 +362,13 @@ XLA_FFI_Error *tg_gpu_episode(XLA_FFI_CallFrame *cf) {
     if (args[k] != rets[1 + k])
       TG_CU(tg_cu.MemcpyDtoDAsync((tg_cu_ptr)(intptr_t)rets[1 + k], (tg_cu_ptr)(intptr_t)args[k],
                                   (size_t)tg_elems(cf->rets.rets[1 + k]) * es, stream), "cuMemcpyDtoDAsync");
-  union { double d; float f; } cnt;
+  union { double d; int32_t i; } cnt;   /* float32 programs: int32's bits (exact past 2**24) */
   TG_CU(tg_cu.MemcpyDtoHAsync(&cnt, (tg_cu_ptr)(intptr_t)args[nw], es, stream), "reading the count (cuMemcpyDtoHAsync)");
   TG_CU(tg_cu.StreamSynchronize(stream), "cuStreamSynchronize");
-  double count = (es == 8 ? cnt.d : (double)cnt.f) + 1.0;
+  double count = (es == 8 ? cnt.d : (double)cnt.i) + 1.0;
   double ctl[TG_CTL];
   tg_gpu_ctl(a.opt, a.hat, a.lr, a.b1, a.b2, count, ctl);
-  if (es == 8) cnt.d = count; else cnt.f = (float)count;
+  if (es == 8) cnt.d = count; else cnt.i = (int32_t)count;
   /* host sources are pageable stack memory: the driver has staged them when these calls return */
   TG_CU(tg_cu.MemcpyHtoDAsync((tg_cu_ptr)a.ctl, ctl, sizeof ctl, stream), "uploading ctl (cuMemcpyHtoDAsync)");
   TG_CU(tg_gpu_settab(&a, stream, idx, ptr, nset), "settab (cuLaunchKernel)");

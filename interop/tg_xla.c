@@ -22,7 +22,8 @@
  *   tg_value_and_grad  (params..., inputs...)                   -> (loss, grads...)
  *   tg_episode         (params..., state..., count, inputs...)  -> (loss, params..., state..., count)
  *   tg_episode_flat    (flat state [params|state|count], inputs...) -> (loss, flat state)
- * The episode's params/state/count results alias their operands (input_output_aliases). With the
+ * The episode's params/state/count results alias their operands (input_output_aliases). A float32
+ * program's count carries int32's bits (exact past 2**24); a float64 one holds the value. With the
  * attribute `data` = 1 every call also passes the program's data slots (int32/int64, bool) last; with
  * `lr` = 1 an episode passes this step's learning rate (a scalar, before the data).
  */
@@ -668,7 +669,7 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
                  p->sizes[i] / p->dsize[d], 0);
   }
   char *cnt_in = flat ? tg_data(cf, 0, 0) + off : tg_data(cf, 0, nw);
-  in->sc[0] = es == 8 ? *(double *)cnt_in : (double)*(float *)cnt_in;
+  in->sc[0] = es == 8 ? *(double *)cnt_in : (double)*(int32_t *)cnt_in;   /* float32: int32's bits */
   if (c.lr) {   /* this step's learning rate (a schedule's value), for this call only */
     char *lr = tg_data(cf, 0, first_input + ni);
     in->sc[6] = 1.0;
@@ -685,7 +686,7 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
     }
   memcpy(tg_data(cf, 1, 0), (char *)(intptr_t)in->run[p->loss], es);
   char *cnt = flat ? tg_data(cf, 1, 1) + off : tg_data(cf, 1, 1 + nw);
-  if (es == 8) *(double *)cnt = in->sc[0]; else *(float *)cnt = (float)in->sc[0];
+  if (es == 8) *(double *)cnt = in->sc[0]; else *(int32_t *)cnt = (int32_t)in->sc[0];
   pthread_mutex_unlock(&in->mu);
   return NULL;
 }

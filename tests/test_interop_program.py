@@ -626,3 +626,27 @@ def test_an_episode_takes_its_learning_rate_and_data_slots_per_call(backend, fac
         step(params, opt_state, interop.program_inputs(prog), data=(jnp.asarray(masks[0]),))
     with pytest.raises(ProgramError, match=r"data\[0\] must be bool"):
         step(params, opt_state, interop.program_inputs(prog), data=(jnp.zeros((5, 3)),), lr=0.1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("flat", [True, False], ids=["flat", "named"])
+def test_a_float32_episode_counts_past_2_to_the_24(backend, flat):
+    """A float32 holds integers exactly only up to 2**24: the count travels as int32's bits."""
+    tape = tg.Tape(dtype="float32")
+    W = tape.param(W0.astype(np.float32), name="W")
+    opt = tg.Adam(1e-2)
+    opt.add(tape, W)
+    loss = (tape.const(DATA[0][0].astype(np.float32)) @ W).tanh().sum()
+    prog = tg.capture(tape, loss, backend=backend)
+    prog.attach(opt)
+    prog.load_optimizer_state({**prog.optimizer_state(), "count": 2 ** 24})
+    step = jax.jit(interop.program_episode(prog, flat=flat))
+    state = interop.episode_state(prog, flat=flat)
+    inputs = interop.program_inputs(prog)
+    for _ in range(3):
+        if flat:
+            _, state = step(state, inputs)
+        else:
+            _, *state = step(*state, inputs)
+    count = (interop.unflatten_state(prog, state)[1] if flat else state[1]).count
+    assert count.dtype == jnp.int32 and int(count) == 2 ** 24 + 3

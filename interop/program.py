@@ -37,7 +37,6 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _LOCK = threading.Lock()
 _LIB = {}
 _PINNED = {}       # hash64 -> what the native table points into (kept alive for the process)
-_HOST_LOCKS = {}   # id(program) -> (program, lock) for the host-callback path
 TARGETS = ("value", "value_and_grad", "episode", "episode_flat")
 
 
@@ -285,9 +284,9 @@ def _spec(args, shape, dtype):
 # ── host (callback) implementations: the same copy-in/run/copy-out on the Program's Python API ──
 
 def _lock(program):
-    """One lock per program: shards may run host callbacks concurrently, and a program has one set of slots."""
-    with _LOCK:
-        return _HOST_LOCKS.setdefault(id(program), (program, threading.Lock()))[1]
+    """The program's own lock: shards may run host callbacks concurrently, and a program has one set of
+    slots (its Python methods take the same lock)."""
+    return program._lock
 
 
 def _locked(program, run):

@@ -25,8 +25,10 @@ The optimizer runs inside the program; ``episode`` is inputs + forward + backwar
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import math
+import threading
 import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
@@ -119,16 +121,30 @@ class _Opt:
         return (self.kind, self.lr, self.clip, self.clip_mode, tuple(self.l2), tuple(self.wd), tuple(self.ids)) + extra
 
 
+def _one_at_a_time(method):
+    """A program owns one set of buffers: its running and state methods take its lock, so calls from
+    several threads run one after another instead of interleaving their writes."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class Program:
     """A captured episode: the node table, shapes, buffers, and a backend that replays them.
 
     Build one with ``tapegrad.capture``. Inputs (constants, lazy constants, parameters) take fresh
     values with ``set_input``; ``forward``/``backward``/``step``/``episode`` run the backend;
     ``value``/``grad``/``loss`` read results as read-only views (no copies) that the next run
-    overwrites. A program owns one set of buffers: run it from one thread at a time.
+    overwrites. A program owns one set of buffers.
 
     ``verified``: what verification on first run has checked so far (``"values"``, ``"gradients"``,
     ``"step"``; empty for ``verify=False`` and for "numpy", the reference itself).
+
+    Calls from several threads run one at a time (``episode(inputs)`` sets its inputs and runs as one
+    call); views read between calls (``loss``, ``value``, ``grad``) are only as current as the caller's
+    own locking makes them.
     """
 
     def __init__(self, tape, loss, backend, dtype, fuse, ordered=False):
@@ -138,6 +154,7 @@ class Program:
             raise ShapeError(f"{at('capture', self.loss_id)}: expected a scalar loss (one element), got shape "
                              f"{shapes[self.loss_id]}")
         self.backend, self.dtype, self.fuse = backend, dtype, fuse
+        self._lock = threading.RLock()   # see _one_at_a_time
         self._tape = weakref.ref(tape)
         n = len(tape)
         self.ordered = ordered
@@ -286,6 +303,7 @@ class Program:
         op = self.nodes[i][0].name
         return f"{op} {self.param_names[self.params.index(i)]!r} node {i}" if op == "param" else f"{op} node {i}"
 
+    @_one_at_a_time
     def set_input(self, var: Slot, array: ArrayLike) -> None:
         """Fresh values for a constant (a minibatch, a lazy constant) or a parameter; copied in.
 
@@ -351,6 +369,7 @@ class Program:
 
     # ── running ──────────────────────────────────────────────────────────────
 
+    @_one_at_a_time
     def forward(self) -> np.ndarray:
         """Recompute every node's value; returns the loss (a read-only 0-d/1-element view)."""
         self._ready("forward")
@@ -360,6 +379,7 @@ class Program:
             self.runner.forward()
         return self.loss()
 
+    @_one_at_a_time
     def backward(self) -> None:
         """Gradients of the loss w.r.t. every reached node (overwritten, as one tape backward per episode)."""
         self._ready("backward")
@@ -368,6 +388,7 @@ class Program:
         else:
             self.runner.backward()
 
+    @_one_at_a_time
     def attach(self, optimizer: Optimizer) -> None:
         """Run ``optimizer``'s update inside the program: its configuration and state are copied in.
 
@@ -389,12 +410,14 @@ class Program:
         for hook in self.__dict__.get("_attach_hooks", ()):   # e.g. interop re-points its FFI table entry
             hook(self)
 
+    @_one_at_a_time
     def step(self) -> None:
         """One optimizer update of the program's parameters from the program's gradients."""
         if self.opt is None:
             raise TapeError("step: no optimizer attached; call program.attach(optimizer) first")
         self._run_step(self.runner.step)
 
+    @_one_at_a_time
     def episode(self, inputs: Optional[Mapping[Var, ArrayLike]] = None) -> float:
         """Set ``inputs`` ({Var: array}), then forward + backward (+ step when attached) in one backend call.
 
@@ -448,6 +471,7 @@ class Program:
                 g.fill(0.0)
         return g
 
+    @_one_at_a_time
     def sync_params(self, tape: Tape, optimizer: Optional[Optimizer] = None) -> None:
         """Write the program's parameters back into the tape (and its optimizer's state, if given)."""
         if tape is not self._tape():
@@ -475,6 +499,7 @@ class Program:
             if tape._val[k] is not None:
                 np.copyto(tape._val[k], self.val[k], casting="unsafe")
 
+    @_one_at_a_time
     def optimizer_state(self) -> dict[str, Any]:
         """The attached optimizer's state (``count``, and copies of Adam's ``mu``/``nu`` or momentum SGD's
         trace ``mu``) as the tape's form."""
@@ -486,6 +511,7 @@ class Program:
             st[key] = [m.copy() for m in getattr(self.opt, key)]
         return st
 
+    @_one_at_a_time
     def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
         """Restore ``optimizer_state()`` output (e.g. from a checkpoint); validated before anything changes."""
         o = self.opt

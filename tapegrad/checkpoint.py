@@ -12,16 +12,30 @@ unpickled. Checkpoints of the previous format (``.npz`` with a JSON ``meta`` ent
 ``save`` writes a temporary file in the target folder, fsyncs it, renames it over the target and
 fsyncs the folder: a reader (or a crash) sees the old file or the new one, never a mix. Temporaries
 carry the writer's pid; a later ``save`` into the same folder removes those of dead writers (a
-``kill -9`` mid-save leaves nothing behind for long). ``load`` reads and checks everything — the
-file's structure, every array present, float, of the exact shape in the metadata and on the tape, the
-optimizer's kind and parameters — before it writes anything: parameters and optimizer state are
-restored together or not at all. Every unreadable file raises ``CheckpointError``.
+``kill -9`` mid-save leaves nothing behind for long). The metadata also holds ``"sha256"``: the SHA-256
+of every tensor's bytes and of the ``tapegrad`` metadata string, so a flipped bit anywhere is found.
+
+``load`` reads the 8-byte length first and checks it against the file's size before reading more
+(a device or a huge foreign file is refused without reading it), then validates the header as the
+safetensors library does (every tensor's byte range inside the file, of the size its dtype and shape
+take, the ranges in order without gaps or overlaps and covering the data section exactly), the
+metadata (a step count within 0..2**53), every array present, float, of the exact shape in the
+metadata and on the tape, the optimizer's kind and parameters, and last the checksums — all before it
+writes anything. The writes (parameters and optimizer state) then happen with Ctrl-C held back (on
+the main thread) and are undone if anything interrupts them anyway: restored completely or not at all.
+Files written before the checksums (and version-0.1 npz files) load with every check but the
+checksums. Every unreadable file raises ``CheckpointError``.
 """
+import errno
+import hashlib
 import json
 import math
 import os
+import signal
+import stat
 import struct
 import tempfile
+import threading
 import zipfile
 from typing import TYPE_CHECKING, Optional
 
@@ -39,6 +53,8 @@ LEGACY = "tapegrad-checkpoint-1"     # the npz format of version 0.1 (loaded, ne
 _DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4")}
 _CODES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32"}
 _MAX_HEADER = 100 << 20              # safetensors' own limit on the JSON header
+_MAX_COUNT = 2 ** 53                 # the largest step count every backend holds exactly (a double counts to it)
+_SUMS = "sha256"                     # the __metadata__ entry with the checksums
 
 
 def _params(tape):
@@ -83,19 +99,30 @@ def save(path: "str | os.PathLike[str]", tape: "Tape", opt: "Optional[Optimizer]
         meta["optimizer"] = {**opt.config(), "count": state["count"], "param_nodes": [v.id for v in opt.params]}
         for key in ("mu", "nu"):
             tensors += [(f"opt.{key}.{k}", a) for k, a in enumerate(state.get(key, []))]
-    blob = encode(tensors, {"format": FORMAT, "tapegrad": json.dumps(meta)})
+    blob = encode(tensors, {"format": FORMAT, "tapegrad": json.dumps(meta)}, checksums=True)
     write_atomic(path, blob)
 
 
-def encode(tensors, metadata):
-    """The bytes of a safetensors file holding ``tensors`` ([(name, float array)]) and ``metadata``."""
-    header, offset, chunks = {"__metadata__": metadata}, 0, []
+def _sha(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode(tensors, metadata, checksums=False):
+    """The bytes of a safetensors file holding ``tensors`` ([(name, float array)]) and ``metadata``; with
+    ``checksums``, ``metadata["sha256"]`` is the SHA-256 of every tensor's bytes and of the ``tapegrad``
+    metadata string, as JSON."""
+    header, offset, chunks = {"__metadata__": dict(metadata)}, 0, []
+    sums = {"tapegrad": _sha(metadata["tapegrad"].encode())} if checksums else None
     for name, a in tensors:
         a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
         header[name] = {"dtype": _CODES[np.dtype(a.dtype.name)], "shape": list(a.shape),
                         "data_offsets": [offset, offset + a.nbytes]}
         chunks.append(a.tobytes())
+        if sums is not None:
+            sums[name] = _sha(chunks[-1])
         offset += a.nbytes
+    if sums is not None:
+        header["__metadata__"][_SUMS] = json.dumps(sums)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)     # the data section starts 8-byte aligned (allowed padding)
     return struct.pack("<Q", len(text)) + text + b"".join(chunks)
@@ -136,25 +163,46 @@ def _bad(path, why):
 
 
 def read(path):
-    """``(meta, {name: array})`` of a checkpoint file, structure checked; CheckpointError otherwise."""
+    """``(meta, {name: array})`` of a checkpoint file, structure and checksums checked; CheckpointError
+    otherwise."""
+    meta, arrays, sums = _read(path)
+    _verify(path, arrays, sums)
+    return meta, arrays
+
+
+def _read(path):
+    """``(meta, arrays, checksums or None)``: the file read, its structure and metadata checked, the tensors'
+    checksums not yet (``load`` checks them last, after the checks that name a more specific fault)."""
     try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+        if not stat.S_ISREG(st.st_mode):   # /dev/zero, a pipe: no size to check a header against
+            kind = ("a character device" if stat.S_ISCHR(st.st_mode) else "a block device" if stat.S_ISBLK(st.st_mode)
+                    else "a pipe" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                    else "not a regular file")
+            raise _bad(path, f"it is {kind}, not a file; save and load checkpoints as regular files")
         with open(path, "rb") as f:
-            blob = f.read()
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(8)
+            if head[:4] == b"PK\x03\x04":
+                return (*_read_npz(path), None)
+            return _read_safetensors(path, f, head, size)
     except OSError as e:
         raise CheckpointError(f"load: cannot read {path}: {e.strerror or e}") from None
-    if blob[:4] == b"PK\x03\x04":
-        return _read_npz(path)
-    return _read_safetensors(path, blob)
 
 
-def _read_safetensors(path, blob):
-    if len(blob) < 8:
-        raise _bad(path, f"{len(blob)} bytes, shorter than a safetensors header")
-    (n,) = struct.unpack("<Q", blob[:8])
-    if n > min(_MAX_HEADER, len(blob) - 8):
-        raise _bad(path, f"header length {n} exceeds the file ({len(blob)} bytes): truncated or not safetensors")
+def _read_safetensors(path, f, head, size):
+    """The header first (its length checked against the file's size), validated, then the data section."""
+    if len(head) < 8:
+        raise _bad(path, f"{len(head)} bytes, shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", head)
+    if n > size - 8:
+        raise _bad(path, f"header length {n} exceeds the file ({size} bytes): truncated or not safetensors")
+    if n > _MAX_HEADER:
+        raise _bad(path, f"header length {n} exceeds safetensors' limit of {_MAX_HEADER} bytes: not safetensors")
     try:
-        header = json.loads(blob[8:8 + n].decode())
+        header = json.loads(f.read(n).decode())
         if not isinstance(header, dict):
             raise ValueError("not a JSON object")
     except (UnicodeDecodeError, ValueError) as e:
@@ -164,25 +212,86 @@ def _read_safetensors(path, blob):
         got = meta.get("format") if isinstance(meta, dict) else None
         raise _bad(path, f"expected metadata format {FORMAT!r}, got {got!r}")
     try:
-        meta = json.loads(meta["tapegrad"])
+        text = meta["tapegrad"]
+        inner = json.loads(text)
     except (KeyError, TypeError, ValueError) as e:
         raise _bad(path, f"its 'tapegrad' metadata is missing or not JSON ({e!r})") from None
-    data = memoryview(blob)[8 + n:]
-    arrays = {}
+    sums = _checksums(path, meta)
+    if sums is not None and _sha(text.encode()) != sums["tapegrad"]:
+        raise _bad(path, "its 'tapegrad' metadata does not match the SHA-256 saved with it: corrupt")
+    layout = _layout(path, header, size - 8 - n)
+    meta = _checked_meta(path, inner)
+    data = f.read(size - 8 - n)
+    if len(data) != size - 8 - n or f.read(1):
+        raise _bad(path, f"the file changed size while it was read ({size} bytes at first)")
+    view = memoryview(data)
+    arrays = {name: np.frombuffer(view[lo:hi], dt).reshape(shape) for name, (dt, shape, lo, hi) in layout.items()}
+    return meta, arrays, sums
+
+
+def _layout(path, header, size):
+    """``{name: (dtype, shape, lo, hi)}`` of every tensor entry, checked as the safetensors library checks
+    them: a known dtype, a shape of non-negative ints, ``hi - lo`` = the bytes dtype × shape take, and the
+    byte ranges, in order, contiguous from 0 to the end of the ``size``-byte data section (no gap, no
+    overlap, nothing after the last)."""
+    layout = {}
     for name, entry in header.items():
         try:
             dt = _DTYPES[entry["dtype"]]
             shape = tuple(entry["shape"])
             lo, hi = entry["data_offsets"]
-            if not all(isinstance(d, int) and d >= 0 for d in shape + (lo, hi)):
+            if not all(type(d) is int and d >= 0 for d in shape + (lo, hi)):   # (not true / false either)
                 raise ValueError(f"shape {shape} / offsets {lo, hi} are not non-negative ints")
         except (KeyError, TypeError, ValueError) as e:
             raise _bad(path, f"tensor {name!r} has a malformed entry {entry!r} ({e})") from None
-        if hi - lo != math.prod(shape) * dt.itemsize or hi > len(data):
-            raise _bad(path, f"tensor {name!r} ({entry['dtype']} {list(shape)}) claims bytes [{lo}, {hi}) of a "
-                             f"{len(data)}-byte data section: truncated or corrupt")
-        arrays[name] = np.frombuffer(data[lo:hi], dt).reshape(shape)
-    return _checked_meta(path, meta), arrays
+        nbytes = math.prod(shape) * dt.itemsize
+        claim = (f"tensor {name!r} ({entry['dtype']} {list(shape)}) claims bytes [{lo}, {hi}) of a {size}-byte data "
+                 f"section")
+        if hi > size:
+            raise _bad(path, f"{claim}: past its end; truncated or corrupt")
+        if hi - lo != nbytes:
+            raise _bad(path, f"{claim}: {hi - lo} bytes where its dtype and shape take {nbytes}; truncated or corrupt")
+        layout[name] = (dt, shape, lo, hi)
+    end = 0
+    for name, (dt, shape, lo, hi) in sorted(layout.items(), key=lambda item: item[1][2:]):
+        if lo != end:
+            how = f"overlaps the tensor before it (which ends at byte {end})" if lo < end else \
+                f"leaves bytes [{end}, {lo}) unclaimed"
+            raise _bad(path, f"invalid offset: tensor {name!r} starts at byte {lo} and {how}; the tensors must cover "
+                             f"the data section in order, without gaps or overlaps: corrupt header")
+        end = hi
+    if end != size:
+        raise _bad(path, f"invalid offsets: the tensors cover bytes [0, {end}) of a {size}-byte data section; the "
+                         f"rest belongs to none: corrupt or appended to")
+    return layout
+
+
+def _checksums(path, meta):
+    """The ``sha256`` metadata ({"tapegrad": hex, tensor name: hex}) checked for form; None in files written
+    before checksums (they load unverified)."""
+    if _SUMS not in meta:
+        return None
+    try:
+        sums = json.loads(meta[_SUMS])
+        ok = isinstance(sums, dict) and "tapegrad" in sums and all(
+            isinstance(h, str) and len(h) == 64 and set(h) <= set("0123456789abcdef") for h in sums.values())
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise _bad(path, f"its {_SUMS!r} metadata is not a SHA-256 per tensor and one for 'tapegrad': corrupt")
+    return sums
+
+
+def _verify(path, arrays, sums):
+    """Every tensor's bytes against the SHA-256 saved with them (the metadata's was checked on reading)."""
+    if sums is None:
+        return
+    for name, a in arrays.items():
+        if name not in sums:
+            raise _bad(path, f"tensor {name!r} has no SHA-256 among the checksums saved with the file: corrupt")
+        if _sha(a.data) != sums[name]:
+            raise _bad(path, f"tensor {name!r}: its {a.nbytes} bytes do not match the SHA-256 saved with them: "
+                             f"corrupt (a changed bit, or bytes moved)")
 
 
 def _read_npz(path):
@@ -239,7 +348,7 @@ def load(path: "str | os.PathLike[str]", tape: "Tape", opt: "Optional[Optimizer]
     tape (count, shapes or dtype of parameters, optimizer kind or parameters) raises ``TapeError``
     naming the mismatch. In every failing case the tape and optimizer are left untouched.
     """
-    meta, arrays = read(path)
+    meta, arrays, sums = _read(path)
     dtype = meta["dtype"]
     params = [_array(path, arrays, f"params.{k}", s, dtype) for k, s in enumerate(meta["params"])]
     ids = _params(tape)
@@ -266,14 +375,65 @@ def load(path: "str | os.PathLike[str]", tape: "Tape", opt: "Optional[Optimizer]
         if saved["param_nodes"] != [v.id for v in opt.params]:
             raise TapeError(f"load: the optimizer's parameters are nodes {[v.id for v in opt.params]}, the "
                             f"checkpoint's {saved['param_nodes']}")
-        if saved["count"] < 0:
-            raise _bad(path, f"optimizer count {saved['count']} is negative")
-        state = {"count": saved["count"]}
+        count = saved["count"]
+        if count < 0:
+            raise _bad(path, f"optimizer count {count} is negative")
+        if count > _MAX_COUNT:
+            shown = count if count < 10 ** 20 else f"of {len(str(count))} digits"
+            raise _bad(path, f"optimizer count {shown} is out of range: at most 2**53 steps, the largest count a "
+                             f"double (the native step counter) holds exactly")
+        state = {"count": count}
         for key in ("mu", "nu")[:opt.moments]:
             state[key] = [_array(path, arrays, f"opt.{key}.{k}", tape._nodes[v.id].shape, dtype)
                           for k, v in enumerate(opt.params)]
+    _verify(path, arrays, sums)
     # Everything is checked: from here on nothing can fail half-way.
-    if opt is not None and state is not None:
-        opt.load_state_dict(state)
-    for i, a in zip(ids, params):
-        np.copyto(tape._val[i], a)
+    _commit(tape, ids, params, opt, state)
+
+
+def _commit(tape, ids, params, opt, state):
+    """Write the checked parameters (and optimizer state) into the tape (and ``opt``) as one step: Ctrl-C
+    is held back meanwhile and delivered after, and anything that interrupts the copies anyway (another
+    signal's handler raising, a MemoryError) finds the old values written back before it propagates."""
+    old = [np.array(tape._val[i]) for i in ids]
+    old_state = opt.state_dict() if state is not None else None
+    active, noted, handler = [True], [], None
+    try:
+        handler = _hold_sigint(active, noted)
+        try:
+            if state is not None:
+                opt.load_state_dict(state)
+            for i, a in zip(ids, params):
+                np.copyto(tape._val[i], a)
+        except BaseException:
+            if old_state is not None:
+                opt.load_state_dict(old_state)
+            for i, a in zip(ids, old):
+                np.copyto(tape._val[i], a)
+            raise
+    finally:
+        active.clear()   # from here a SIGINT reaches the old handler, even if the next lines are cut short
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+            if noted:
+                signal.raise_signal(signal.SIGINT)   # delivered now: KeyboardInterrupt, by default
+
+
+def _hold_sigint(active, noted):
+    """Install a SIGINT handler that notes the signal while ``active`` (on the main thread, where Python
+    runs signal handlers, over a handler installed from Python); returns the handler it replaced, or None.
+    Left installed by an interrupted commit, it hands the next SIGINT to that handler and reinstalls it."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    old = signal.getsignal(signal.SIGINT)
+    if old is None:
+        return None
+
+    def hold(signum, frame):
+        if active:
+            noted.append(signum)
+        else:
+            signal.signal(signal.SIGINT, old)
+            signal.raise_signal(signal.SIGINT)
+    signal.signal(signal.SIGINT, hold)
+    return old

@@ -4,6 +4,7 @@ Every unreadable file raises ``CheckpointError`` ("not a valid tapegrad checkpoi
 does not fit raises a ``TapeError`` naming the mismatch; in both cases the tape and the optimizer are
 bit-for-bit unchanged. Nothing is ever unpickled.
 """
+import hashlib
 import json
 import os
 import signal
@@ -50,6 +51,13 @@ def header_and_data(path):
 
 
 def rewrite(path, header, data):
+    """Write ``header`` and ``data`` as a file; the metadata's SHA-256 follows an edited ``tapegrad`` string,
+    so the file's one fault is the edit."""
+    meta = header.get("__metadata__", {})
+    if "sha256" in meta and isinstance(meta.get("tapegrad"), str):
+        sums = json.loads(meta["sha256"])
+        sums["tapegrad"] = hashlib.sha256(meta["tapegrad"].encode()).hexdigest()
+        meta["sha256"] = json.dumps(sums)
     text = json.dumps(header).encode()
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text + data)
@@ -175,10 +183,27 @@ def _meta(fn):
     return _edit(g)
 
 
-def _retype(entry, dtype, shape):
-    """An entry that claims 8 bytes: a valid tensor, of another dtype or shape than the metadata's."""
-    lo = entry["data_offsets"][0]
-    entry.update(dtype=dtype, shape=shape, data_offsets=[lo, lo + 8])
+def _relaid(fn):
+    """``fn({name: [entry, bytes]})`` edits tensors (drops, retypes, shortens them); the file is then laid
+    out again, contiguous, so that it stays a valid safetensors file and only the edit is wrong."""
+    def f(path):
+        header, data = header_and_data(path)
+        meta = header.pop("__metadata__")
+        tensors = {k: [e, data[e["data_offsets"][0]:e["data_offsets"][1]]] for k, e in header.items()}
+        fn(tensors)
+        header, chunks, off = {"__metadata__": meta}, [], 0
+        for k, (e, b) in sorted(tensors.items(), key=lambda kv: kv[1][0]["data_offsets"]):
+            header[k] = {**e, "data_offsets": [off, off + len(b)]}
+            chunks.append(b)
+            off += len(b)
+        rewrite(path, header, b"".join(chunks))
+    return f
+
+
+def _retype(tensors, name, dtype, shape):
+    """A tensor of 8 bytes: valid, of another dtype or shape than the metadata's."""
+    entry, b = tensors[name]
+    tensors[name] = [{**entry, "dtype": dtype, "shape": shape}, b[:8]]
 
 
 CORRUPT = [
@@ -201,16 +226,16 @@ CORRUPT = [
     ("meta with int16 dtype", _meta(lambda m: m.update(dtype="int16")), r"metadata lacks or garbles"),
     ("meta negative dim", _meta(lambda m: m.update(params=[[3, -2], [2]])), r"metadata lacks or garbles"),
     ("meta count a string", _meta(lambda m: m["optimizer"].update(count="3")), r"metadata lacks or garbles"),
-    ("tensor missing", _edit(lambda h: h.pop("params.1")), r"tensor params.1 is missing"),
+    ("tensor missing", _relaid(lambda t: t.pop("params.1")), r"tensor params.1 is missing"),
     ("tensor int dtype", _edit(lambda h: h["params.1"].update(dtype="I64")), r"tensor 'params.1' has a malformed entry"),
-    ("tensor F32 in a float64 file", _edit(lambda h: _retype(h["params.1"], dtype="F32", shape=[2])),
+    ("tensor F32 in a float64 file", _relaid(lambda t: _retype(t, "params.1", dtype="F32", shape=[2])),
      r"tensor params.1 is float32, the metadata says float64"),
-    ("tensor shape differs from meta", _edit(lambda h: _retype(h["params.1"], dtype="F64", shape=[1])),
+    ("tensor shape differs from meta", _relaid(lambda t: _retype(t, "params.1", dtype="F64", shape=[1])),
      r"tensor params.1 has shape \(1,\), the metadata says \(2,\)"),
     ("offsets past the end", _edit(lambda h: h["params.0"].update(data_offsets=[10 ** 6, 10 ** 6 + 48])), r"claims bytes \[1000000"),
     ("offsets not ints", _edit(lambda h: h["params.0"].update(data_offsets=["a", 2])), r"malformed entry"),
     ("shape not a list", _edit(lambda h: h["params.0"].update(shape=3)), r"malformed entry"),
-    ("optimizer state missing", _edit(lambda h: h.pop("opt.nu.0")), r"tensor opt.nu.0 is missing"),
+    ("optimizer state missing", _relaid(lambda t: t.pop("opt.nu.0")), r"tensor opt.nu.0 is missing"),
     ("negative count", _meta(lambda m: m["optimizer"].update(count=-1)), r"optimizer count -1 is negative"),
 ]
 

@@ -667,8 +667,7 @@ class Tape:
         # (their buffers are copied on their first in-place add, in _accumulate).
         undo = (self._pass, self._grads.pos, len(self._arena_grads), self._sched, self._last_top,
                 self._gpass.copy() if self._pass >= self._since else None)
-        if undo[5] is not None:
-            self._undo = {}
+        self._undo = None if undo[5] is None else {}
         try:
             self._pass += 1
             self._accumulate(i, seed)

@@ -10,9 +10,26 @@ need 64-bit say so: the oracle runs inside a scoped ``jax.enable_x64(True)``; ``
 import jax
 import jax.numpy as jnp
 
-__all__ = ["jax", "jnp", "x64_enabled"]
+__all__ = ["jax", "jnp", "x64_enabled", "varying", "align_varying"]
 
 
 def x64_enabled():
     """Whether JAX's 64-bit mode is on here (the global setting or a scoped ``jax.enable_x64``)."""
     return bool(jax.config.jax_enable_x64)
+
+
+def varying(x):
+    """The ``shard_map`` axes a value (or an abstract value) varies over (empty outside shard_map)."""
+    m = getattr(x if isinstance(x, jax.core.AbstractValue) else jax.typeof(x), "manual_axis_type", None)
+    return frozenset(m.varying) if m is not None else frozenset()
+
+
+def align_varying(xs):
+    """Under ``shard_map``, cast every array operand to the union of the operands' varying axes (binding a
+    primitive of per-shard and replicated values is otherwise a type error); Python scalars pass as they are."""
+    arrays = [x for x in xs if not isinstance(x, (int, float, bool, complex))]
+    axes = frozenset().union(*map(varying, arrays)) if arrays else frozenset()
+    if not axes:
+        return tuple(xs)
+    return tuple(x if isinstance(x, (int, float, bool, complex)) or varying(x) == axes
+                 else jax.lax.pcast(x, tuple(sorted(axes - varying(x))), to="varying") for x in xs)

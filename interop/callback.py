@@ -10,7 +10,7 @@ result buffers, to be filled in place; ``args`` are read-only views of XLA's ope
 """
 import numpy as np
 
-from ._jax import jax
+from ._jax import jax, varying
 
 MECHANISM = "buffer_callback"
 
@@ -47,14 +47,9 @@ def host_call(fn, result_specs, *args, vmap_method="sequential", input_output_al
     return tuple(_retype(o, s) for o, s in zip(call(*args), result_specs))
 
 
-def _varying(x):
-    m = getattr(x, "manual_axis_type", None)
-    return frozenset(m.varying) if m is not None else frozenset()
-
-
 def _retype(out, spec):
     """buffer_callback types its results without shard_map's varying axes: restore the spec's."""
-    missing = _varying(spec) - _varying(jax.typeof(out))
+    missing = varying(spec) - varying(out)
     return jax.lax.pcast(out, tuple(sorted(missing)), to="varying") if missing else out
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 import tapegrad as tg
 
-from ._jax import jax, jnp
+from ._jax import align_varying, jax, jnp
 import jax.extend.core as _core  # noqa: E402
 
 CONTROL = ("scan", "while", "cond")
@@ -120,7 +120,7 @@ class Unit(NamedTuple):
 
 
 def bind(eqn, args):
-    out = eqn.primitive.bind(*args, **eqn.primitive.get_bind_params(eqn.params))
+    out = eqn.primitive.bind(*align_varying(args), **eqn.primitive.get_bind_params(eqn.params))
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
@@ -198,7 +198,10 @@ class Plan:
         for s, v in zip(self.in_slots, ins):
             vals[s] = v
         aux = {}
+        live = None if keep is None else self._live(keep)
         for k, st in enumerate(self.steps):
+            if live is not None and k not in live:
+                continue
             args = [x.val if isinstance(x, Literal) else vals[x] for x in st.ins]
             for s, o in zip(st.outs, bind(st.eqn, args)):
                 vals[s] = o
@@ -208,6 +211,26 @@ class Plan:
         if keep is None:
             return vals, aux
         return {s: vals[s] for s in keep[0]}, aux
+
+    def _live(self, keep):
+        """The steps ``evaluate(keep=…)`` must run: those computing a kept slot or a kept step's operands,
+        and what they read (JAX would drop the rest when compiling, but under ``shard_map`` binding an
+        unneeded step of replicated and per-shard values is a type error)."""
+        key = (tuple(keep[0]), tuple(sorted(keep[1])))
+        live = self._live_cache.get(key) if hasattr(self, "_live_cache") else None
+        if live is not None:
+            return live
+        want = set(keep[0])
+        for k in keep[1]:
+            want.update(x for x in self.steps[k].ins if not isinstance(x, Literal))
+        live = set()
+        for k in range(len(self.steps) - 1, -1, -1):
+            st = self.steps[k]
+            if k in keep[1] or any(o in want for o in st.outs):
+                live.add(k)
+                want.update(x for x in st.ins if not isinstance(x, Literal))
+        self.__dict__.setdefault("_live_cache", {})[key] = live
+        return live
 
     def needed(self, tainted_ins):
         """What the replay needs of JAX's values when the inputs ``tainted_ins`` are differentiated.

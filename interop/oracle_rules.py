@@ -17,7 +17,7 @@ import tapegrad as tg
 from tapegrad import ops as O
 from tapegrad.errors import TapeError
 
-from ._jax import jax, jnp
+from ._jax import align_varying, jax, jnp
 from .oracle_loops import cond_rule, linear_solve_rule, scan_rule, while_rule
 from .oracle_replay import CONTROL, NotReplayable
 
@@ -401,7 +401,7 @@ def _gather_map(eqn, args):
     n = int(np.prod(op.shape))
     iota = jnp.arange(1, n + 1, dtype=jax.dtypes.canonicalize_dtype(jnp.int64)).reshape(op.shape)
     params = dict(eqn.params, fill_value=0)
-    return jax.lax.gather_p.bind(iota, idx, **params)
+    return jax.lax.gather_p.bind(*align_varying((iota, idx)), **params)
 
 
 def _scatter_map(eqn, args):
@@ -421,6 +421,7 @@ def _scatter_map(eqn, args):
             pos += 1
     n = int(np.prod(op.shape))
     iota = jnp.arange(1, n + 1, dtype=jax.dtypes.canonicalize_dtype(jnp.int64)).reshape(op.shape)
+    iota, idx = align_varying((iota, idx))
     return jax.lax.gather(iota, idx, gdn, tuple(sizes), mode=eqn.params["mode"], fill_value=0)
 
 

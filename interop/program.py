@@ -29,7 +29,7 @@ import tapegrad.native as native_pkg
 from tapegrad.capture import Program
 from tapegrad.errors import TapeError
 
-from ._jax import jax, jnp, x64_enabled
+from ._jax import align_varying, jax, jnp, varying, x64_enabled
 from .callback import host_call
 from .function import first_order
 
@@ -257,27 +257,18 @@ class _Sig:
                                        f"{aval.dtype}")
 
 
-def _varying(x):
-    m = getattr(jax.typeof(x), "manual_axis_type", None)
-    return frozenset(m.varying) if m is not None else frozenset()
-
-
 def _align_varying(xs):
     """Under ``shard_map``, cast every operand to the union of the operands' varying axes.
 
     The cast sits *outside* the custom_vjp, so its transpose sums the cotangent of a replicated
     parameter over the shards — the data-parallel gradient, with no explicit psum (docs/interop.md, "Sharding").
     """
-    axes = frozenset().union(*map(_varying, xs)) if xs else frozenset()
-    if not axes:
-        return xs
-    return tuple(x if _varying(x) == axes else jax.lax.pcast(x, tuple(sorted(axes - _varying(x))), to="varying")
-                 for x in xs)
+    return align_varying(xs)
 
 
 def _spec(args, shape, dtype):
     """A result type with the operands' shard_map typing (docs/interop.md, "Sharding")."""
-    best = max(args, key=lambda x: len(_varying(x)))
+    best = max(args, key=lambda x: len(varying(x)))
     return jax.typeof(best).update(shape=tuple(shape), dtype=dtype, weak_type=False)
 
 

@@ -519,3 +519,43 @@ def test_flax_lstm_language_model_and_encoder_block_train_natively():
         drop = lambda t: [v for k, v in jax.tree_util.tree_flatten_with_path(t)[0]  # noqa: E731
                           if not ("'key'" in jax.tree_util.keystr(k) and "'bias'" in jax.tree_util.keystr(k))]
         assert rel(drop(state), drop(ref)) <= 1e-12
+
+
+SHARDED = r'''
+import os, functools
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import numpy as np, optax, interop
+from interop import jax, jnp
+from jax.sharding import PartitionSpec as P, NamedSharding
+jax.config.update("jax_enable_x64", True)
+
+def loss(w, x, labels):
+    logits = jax.nn.relu(x @ w["w1"] + w["b1"]) @ w["w2"]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels).sum()
+rng = np.random.default_rng(0)
+w = {"w1": jnp.asarray(rng.standard_normal((6, 8))), "b1": jnp.full(8, 0.1), "w2": jnp.asarray(rng.standard_normal((8, 4)))}
+X, Y = jnp.asarray(rng.standard_normal((10, 6))), jnp.asarray(rng.integers(0, 4, 10))
+vg = interop.value_and_grad(loss, w, X[:5], Y[:5])          # captured at one shard's shapes
+mesh = jax.make_mesh((2,), ("data",))
+
+@jax.jit
+@functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=(P(), P()))
+def dp(w, x, y):
+    l, g = vg(w, x, y)
+    return jax.lax.psum(l, "data"), g      # the replicated parameters' gradients are summed by the cast
+sh = NamedSharding(mesh, P("data"))
+l, g = dp(w, jax.device_put(X, sh), jax.device_put(Y, sh))
+jl, jg = jax.value_and_grad(loss)(w, X, Y)
+err = max([abs(float(l - jl)) / abs(float(jl))] + [float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+                                                   for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(jg))])
+assert len(jax.devices()) == 2 and err <= 1e-12, err
+print("maxrel", err)
+'''
+
+
+def test_value_and_grad_under_shard_map_is_data_parallel():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "maxrel" in r.stdout

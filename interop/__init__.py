@@ -23,7 +23,7 @@ from ._jax import jax, jnp
 from .dlpack import CopyWarning, cupy_to_jax, from_jax, jax_to_cupy, preallocation_advice, to_jax
 from .capture_jax import CaptureError, Captured, capture_jax, train_step, value_and_grad
 from .function import TransformError, jax_function
-from .oracle import (Divergence, GradientMismatchError, GradReport, Kink, Precision, TracingError,
+from .oracle import (CheckGradsError, Divergence, GradientMismatchError, GradReport, Kink, Precision, TracingError,
                      UnsupportedPrimitiveError, assert_grads, check_grads)
 from .parity import ParityReport, compare_with_optax, optax_chain
 from .program import (ProgramError, SGDState, episode_state, flatten_state, program_call, program_episode,
@@ -32,6 +32,7 @@ from .program import (ProgramError, SGDState, episode_state, flatten_state, prog
 __all__ = ["jax", "jnp", "CopyWarning", "to_jax", "from_jax", "cupy_to_jax", "jax_to_cupy", "preallocation_advice",
            "CaptureError", "Captured", "capture_jax", "value_and_grad", "train_step",
            "TransformError", "jax_function", "Divergence", "GradReport", "Kink", "Precision",
-           "UnsupportedPrimitiveError", "TracingError", "GradientMismatchError", "check_grads", "assert_grads",
+           "UnsupportedPrimitiveError", "TracingError", "GradientMismatchError", "CheckGradsError", "check_grads",
+           "assert_grads",
            "ParityReport", "compare_with_optax", "optax_chain", "ProgramError", "SGDState", "episode_state",
            "flatten_state", "program_call", "program_episode", "program_inputs", "unflatten_state"]

@@ -242,8 +242,8 @@ def _built_by(prog):
     if prog.backend == "native":
         from .native import build
         cc = build.find_compiler()
-        version = (build.compiler_identity(cc).splitlines()[1:2] or ["?"])[0]
-        return f"compiled by {cc} ({version}) with {' '.join(build.flags())}"
+        version = (build.compiler_identity(cc, *build.cc_args()).splitlines()[1:2] or ["?"])[0]
+        return f"compiled by {' '.join((cc,) + tuple(build.cc_args()))} ({version}) with {' '.join(build.flags())}"
     r = prog.runner
     return (f"compiled by NVRTC (CuPy {getattr(r.cupy, '__version__', '?')}) with "
             f"{' '.join(getattr(r.module, 'options', ()))}")

@@ -12,20 +12,25 @@ import re
 
 from ..native.expr import RUNTIME_FUNCS
 
-_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "native", "runtime_special.c")
+_NATIVE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "native")
+_PATH = os.path.join(_NATIVE, "runtime_special.c")
+_VMATH = os.path.join(_NATIVE, "runtime_vmath.c")   # exp and tanh (VECTOR_MATH), device functions there
 DEVICE_FUNCS = frozenset({"tg_digamma", "tg_trigamma"})   # the runtime helpers a CUDA program can call
 assert DEVICE_FUNCS <= RUNTIME_FUNCS
 
 
 def needed(kernels):
-    """Whether any kernel text calls one of the special runtime functions."""
-    return any(re.search(r"\btg_(di|tri)gamma\(", k) for k in kernels)
+    """Whether any kernel text calls one of the special runtime functions (or the runtime's exp, tanh)."""
+    return any(re.search(r"\btg_((di|tri)gamma|exp|tanh)\(", k) for k in kernels)
 
 
 def source():
-    """Lines defining tg_digamma/tg_trigamma (and tg_digamma_root) as device functions."""
+    """Lines defining tg_exp/tg_tanh, tg_digamma/tg_trigamma (and tg_digamma_root) as device functions."""
+    with open(_VMATH) as f:
+        vmath = f.read()
     with open(_PATH) as f:
         text = f.read()
-    return ["/* tapegrad/native/runtime_special.c, compiled for the device */",
+    return ["/* tapegrad/native/runtime_vmath.c, compiled for the device */", vmath.rstrip(),
+            "/* tapegrad/native/runtime_special.c, compiled for the device */",
             "#define TG_FN static __device__",
             text.rstrip(), "#undef TG_FN", ""]

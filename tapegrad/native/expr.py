@@ -30,6 +30,9 @@ _LIBM = ("exp", "log", "sqrt", "fabs", "tanh", "pow", "log1p", "expm1", "erf", "
          "tan", "atan2", "asinh")
 FUNCS = {**{f: (f, f + "f") for f in _LIBM}, "tg_digamma": ("tg_digamma",) * 2, "tg_trigamma": ("tg_trigamma",) * 2}
 RUNTIME_FUNCS = frozenset(f for f in FUNCS if f.startswith("tg_"))
+# exp and tanh as the native runtime's (runtime_vmath.c): the C library's cannot be vectorised; a CUDA
+# program compiles the same file for the device, so both compute the same bits
+VECTOR_MATH = {"exp": "tg_exp", "tanh": "tg_tanh"}
 
 
 def tokens(src):
@@ -190,8 +193,8 @@ def fold(e, s):
 class Dialect:
     """How one target spells literals, arithmetic and libm: plain C (float64/float32) or CUDA."""
 
-    def __init__(self, real, suffix, rn=None):
-        self.real, self.suffix, self.rn = real, suffix, rn
+    def __init__(self, real, suffix, rn=None, spelled=None):
+        self.real, self.suffix, self.rn, self.spelled = real, suffix, rn, spelled or {}
 
     def lit(self, x):
         """The one literal printer: exact (``repr`` round-trips), typed as ``real``."""
@@ -205,7 +208,7 @@ class Dialect:
         return r if x >= 0 or r.startswith("(") else f"({r})"
 
     def func(self, f):
-        return FUNCS[f][self.real == "float"]
+        return self.spelled.get(f) or FUNCS[f][self.real == "float"]
 
     def render(self, e, env, s=None):
         return self.print(fold(e, s), env)
@@ -235,10 +238,10 @@ def _f32(x):
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-C64 = Dialect("double", "")
-C32 = Dialect("float", "f")
-CUDA64 = Dialect("double", "", rn="d")
-CUDA32 = Dialect("float", "f", rn="f")
+C64 = Dialect("double", "", spelled=VECTOR_MATH)
+C32 = Dialect("float", "f", spelled=VECTOR_MATH)
+CUDA64 = Dialect("double", "", rn="d", spelled=VECTOR_MATH)
+CUDA32 = Dialect("float", "f", rn="f", spelled=VECTOR_MATH)
 
 
 def dialect(dtype, target="c"):

@@ -11,15 +11,18 @@ exactly the unfused loops' arithmetic, element by element.
 
 What pays on the CPU (measured, ``-O3 -march=native``, 64² to 2048×1024 float64): fusing arithmetic
 (+ − × ÷, comparisons, sqrt, fabs: vector instructions) is 1.4-1.7x faster than separate loops, forward
-and backward, because each vectorised pass saves a round trip through memory. A libm call (exp, log,
-tanh, pow) inside a fused loop makes it 1.4-1.8x slower: the call cannot vectorise and spills every live
+and backward, because each vectorised pass saves a round trip through memory. A libm call (log, pow,
+erf…) inside a fused loop makes it 1.4-1.8x slower: the call cannot vectorise and spills every live
 value around it, where unfused the call loop runs alone and the arithmetic loops stay vectorised. So an
-expression that calls libm is never fused; it runs alone between fused runs.
+expression that calls libm is never fused; it runs alone between fused runs. exp and tanh are the
+runtime's own (runtime_vmath.c), arithmetic that vectorises, and fuse like the rest.
 """
 from .codegen import expr_of
-from .expr import calls
+from .expr import VECTOR_MATH, calls
 
-_VECTOR = {"sqrt", "fabs"}   # functions that are single vector instructions (with -fno-math-errno)
+# functions that are vector code: single instructions (with -fno-math-errno), and the runtime's exp and
+# tanh (runtime_vmath.c), plain arithmetic the compiler widens like the rest of the loop
+_VECTOR = {"sqrt", "fabs"} | set(VECTOR_MATH)
 
 
 def _ew(op, field, libm=False):

@@ -200,18 +200,20 @@ def _rsqrt(r, xs, eqn):
     return r.tape.apply(O.rdivs, r.tape.apply(O.sqrt, r.var(xs[0])), None, 1.0)
 
 
-@rule("integer_pow", doc="`square`, `1/a` or `pow` with the constant exponent")
+@rule("integer_pow", doc="`square` and `mul` by repeated squaring as XLA lowers it (x³ = x·(x·x)), then "
+      "`1/a` for a negative exponent", needs=("square", "mul"))
 def _integer_pow(r, xs, eqn):
     x, y = r.var(xs[0]), int(eqn.params["y"])
-    if y == 1:
-        return x
     if y == 0:
         return r.var(np.ones(x.shape))
-    if y == 2:
-        return r.tape.apply(O.square, x)
-    if y == -1:
-        return r.tape.apply(O.rdivs, x, None, 1.0)
-    return r.tape.apply(O.pow, x, None, float(y))
+    n, acc = abs(y), None
+    while n:
+        if n & 1:
+            acc = x if acc is None else acc * x
+        n >>= 1
+        if n:
+            x = r.tape.apply(O.square, x)   # x·x, the same rounding as XLA's mul(x, x)
+    return r.tape.apply(O.rdivs, acc, None, 1.0) if y < 0 else acc
 
 
 @rule("pow", doc="`pow` for a constant scalar exponent, else `sign · exp(b · log|a|)` (the sign a constant)")

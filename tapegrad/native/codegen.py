@@ -25,10 +25,10 @@ from .expr import branch_names, dialect, parse
 
 FIRST = 8
 _HERE = os.path.dirname(os.path.abspath(__file__))
-# Adam's step scalars (shared with the GPU custom call), runtime.c, the vectorising exp and tanh, then one
-# file per op family (the same order as tapegrad.ops imports the families)
+# Adam's step scalars (shared with the GPU custom call), the vectorising exp and tanh of elementwise
+# nodes, runtime.c, then one file per op family (the same order as tapegrad.ops imports the families)
 _RUNTIME = [os.path.join(_HERE, "step_scalars.c")] + [os.path.join(_HERE, f"runtime{suffix}.c")
-                                                      for suffix in ("", "_vmath", "_special", "_scan", "_index", "_conv",
+                                                      for suffix in ("_vmath", "", "_special", "_scan", "_index", "_conv",
                                                                      "_linalg")]
 _PARSED = {}
 

@@ -51,3 +51,16 @@ def test_the_models_example_runs():
     tape, program, loss = scope["tape"], scope["program"], scope["loss"]
     assert abs(float(tape.value(loss)) - np.log(4)) < 1e-12      # W = 0: uniform predictions
     assert program.forward() == tape.value(loss)                  # W = 0: log 4 whatever the new ids
+
+
+def test_the_jax_model_example_trains_natively_then_continues_with_optax():
+    pytest = __import__("pytest")
+    pytest.importorskip("flax")
+    code = re.search(r"## Your JAX model, not rewritten\n.*?```python\n(.*?)```", README, re.S).group(1)
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert scope["step"].native_update
+    first = float(scope["loss"](scope["model"].init(scope["jax"].random.key(0), scope["x"])["params"],
+                                scope["x"], scope["labels"]))
+    assert float(scope["loss"](scope["params"], scope["x"], scope["labels"])) < first
+    assert int(scope["opt_state"][0].count) == 11    # ten native steps and one of optax's

@@ -2,6 +2,7 @@
 import hashlib
 import os
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -59,3 +60,19 @@ def raises_cleanly(exc, match, fn, *snapshots):
 
 def leftovers(folder, *patterns):
     return sorted(f for f in os.listdir(folder) if any(p in f for p in patterns))
+
+
+def profiler(k, action):
+    """A profiler running ``action()`` at the k-th Python call or return inside the profiled call (then
+    removing itself); the profiled call's own return excepted (raised there, the call has done its work)."""
+    seen, top = [0], []
+
+    def prof(frame, event, arg):
+        if not top and event == "call":
+            top.append(frame)
+        if event == "call" or event == "return" and frame is not top[0]:
+            seen[0] += 1
+            if seen[0] == k:
+                sys.setprofile(None)
+                action()
+    return prof

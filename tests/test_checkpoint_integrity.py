@@ -25,6 +25,8 @@ import pytest
 import tapegrad as tg
 from tapegrad import checkpoint as C
 
+from fault_util import profiler
+
 SHAPES = ((3,), (2, 2))
 
 
@@ -370,22 +372,6 @@ def test_a_huge_file_is_judged_by_its_first_bytes(tmp_path, monkeypatch, head, w
 
 
 # ── interrupts ───────────────────────────────────────────────────────────────
-
-def profiler(k, action):
-    """A profiler running ``action()`` at the k-th Python call or return inside the profiled call (then
-    removing itself); the profiled call's own return excepted (raised there, the call has done its work)."""
-    seen, top = [0], []
-
-    def prof(frame, event, arg):
-        if not top and event == "call":
-            top.append(frame)
-        if event == "call" or event == "return" and frame is not top[0]:
-            seen[0] += 1
-            if seen[0] == k:
-                sys.setprofile(None)
-                action()
-    return prof
-
 
 def interrupted_load(path, tape, opt, k, action):
     """``tg.load`` with ``action`` at the k-th event: None if load returned, else the exception's type."""

@@ -13,6 +13,8 @@ import pytest
 import tapegrad as tg
 from tapegrad import ops as O
 
+from fault_util import profiler
+
 X = np.random.default_rng(1).standard_normal((3, 4))
 IDX = np.array([0, 2, 3])
 
@@ -66,17 +68,9 @@ class Injected(BaseException):
 def at_event(k, exc):
     """A profiler raising ``exc`` at the k-th Python call or return (then removing itself), the return
     of the call under test excepted: raised there, the call has finished its work."""
-    seen, top = [0], []
-
-    def prof(frame, event, arg):
-        if not top and event == "call":
-            top.append(frame)
-        if event == "call" or event == "return" and frame is not top[0]:
-            seen[0] += 1
-            if seen[0] == k:
-                sys.setprofile(None)
-                raise exc
-    return prof
+    def throw():
+        raise exc
+    return profiler(k, throw)
 
 
 def interrupted(fn, k, *args, exc=KeyboardInterrupt):

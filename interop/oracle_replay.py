@@ -200,33 +200,40 @@ class Plan:
         aux = {}
         live = None if keep is None else self._live(keep)
         for k, st in enumerate(self.steps):
-            if live is not None and k not in live:
+            mapped = keep is None or k in keep[1]
+            if live is not None and k not in live and not mapped:
                 continue
             args = [x.val if isinstance(x, Literal) else vals[x] for x in st.ins]
-            for s, o in zip(st.outs, bind(st.eqn, args)):
-                vals[s] = o
+            if live is None or k in live:
+                for s, o in zip(st.outs, bind(st.eqn, args)):
+                    vals[s] = o
             maps = INDEX_MAPS.get(st.eqn.primitive.name)
-            if maps is not None and is_float(st.eqn.outvars[0].aval) and (keep is None or k in keep[1]):
+            if maps is not None and is_float(st.eqn.outvars[0].aval) and mapped:
+                # an index map reads the float operands' shapes only: zeros stand in for values not computed
+                args = [a if a is not None else jnp.zeros(v.aval.shape, v.aval.dtype)
+                        for a, v in zip(args, st.eqn.invars)]
                 aux[k] = maps(st.eqn, args)
         if keep is None:
             return vals, aux
         return {s: vals[s] for s in keep[0]}, aux
 
     def _live(self, keep):
-        """The steps ``evaluate(keep=…)`` must run: those computing a kept slot or a kept step's operands,
-        and what they read (JAX would drop the rest when compiling, but under ``shard_map`` binding an
-        unneeded step of replicated and per-shard values is a type error)."""
+        """The steps ``evaluate(keep=…)`` must run: those computing a kept slot or a kept step's integer
+        operands (its index map reads only the shapes of the float ones), and what they read. Tracing
+        only these keeps the model's forward out of a capture's per-call JAX work, and out of shard_map's
+        typing (binding an unneeded step of replicated and per-shard values is a type error there)."""
         key = (tuple(keep[0]), tuple(sorted(keep[1])))
         live = self._live_cache.get(key) if hasattr(self, "_live_cache") else None
         if live is not None:
             return live
         want = set(keep[0])
-        for k in keep[1]:
-            want.update(x for x in self.steps[k].ins if not isinstance(x, Literal))
+        for k in keep[1]:   # an index map needs the indices' values, of the float operands only the shapes
+            st = self.steps[k]
+            want.update(x for x, v in zip(st.ins, st.eqn.invars) if not isinstance(x, Literal) and not is_float(v.aval))
         live = set()
         for k in range(len(self.steps) - 1, -1, -1):
             st = self.steps[k]
-            if k in keep[1] or any(o in want for o in st.outs):
+            if any(o in want for o in st.outs):
                 live.add(k)
                 want.update(x for x in st.ins if not isinstance(x, Literal))
         self.__dict__.setdefault("_live_cache", {})[key] = live

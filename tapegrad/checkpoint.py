@@ -31,17 +31,16 @@ import hashlib
 import json
 import math
 import os
-import signal
 import stat
 import struct
 import tempfile
-import threading
 import zipfile
 from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from ._files import fsync_dir, sweep_temporaries
+from ._interrupts import sigint_held
 from .errors import CheckpointError, ForeignVarError, TapeError
 
 if TYPE_CHECKING:
@@ -397,9 +396,8 @@ def _commit(tape, ids, params, opt, state):
     signal's handler raising, a MemoryError) finds the old values written back before it propagates."""
     old = [np.array(tape._val[i]) for i in ids]
     old_state = opt.state_dict() if state is not None else None
-    active, noted, handler = [True], [], None
-    try:
-        handler = _hold_sigint(active, noted)
+
+    def copies():
         try:
             if state is not None:
                 opt.load_state_dict(state)
@@ -411,29 +409,4 @@ def _commit(tape, ids, params, opt, state):
             for i, a in zip(ids, old):
                 np.copyto(tape._val[i], a)
             raise
-    finally:
-        active.clear()   # from here a SIGINT reaches the old handler, even if the next lines are cut short
-        if handler is not None:
-            signal.signal(signal.SIGINT, handler)
-            if noted:
-                signal.raise_signal(signal.SIGINT)   # delivered now: KeyboardInterrupt, by default
-
-
-def _hold_sigint(active, noted):
-    """Install a SIGINT handler that notes the signal while ``active`` (on the main thread, where Python
-    runs signal handlers, over a handler installed from Python); returns the handler it replaced, or None.
-    Left installed by an interrupted commit, it hands the next SIGINT to that handler and reinstalls it."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    old = signal.getsignal(signal.SIGINT)
-    if old is None:
-        return None
-
-    def hold(signum, frame):
-        if active:
-            noted.append(signum)
-        else:
-            signal.signal(signal.SIGINT, old)
-            signal.raise_signal(signal.SIGINT)
-    signal.signal(signal.SIGINT, hold)
-    return old
+    sigint_held(copies)

@@ -9,9 +9,10 @@ An optimizer is a small transform with explicit state (``count``, ``mu``, ``nu``
    the rounding of ``clip_mode`` — "optax": ``(g / norm) · maxn`` when ``norm >= maxn``; "seed":
    ``g · (maxn / norm)`` when ``norm > maxn``; "torch": ``g · (maxn / (norm + 1e-6))`` when that
    factor is below 1;
-3. the update (SGD's momentum trace and AdamW's decoupled decay in optax's order). The arithmetic of one parameter lives in ``sgd_update`` / ``adam_update`` and the
-   per-step host scalars in ``step_scalars(count)``, so a captured program replays the very same
-   expressions and can never freeze a bias correction into its graph.
+3. the update (SGD's momentum trace and AdamW's decoupled decay in optax's order). The arithmetic of
+   one parameter lives in ``sgd_update`` / ``adam_update`` and the per-step host scalars in
+   ``step_scalars(count)``, so a captured program replays the very same expressions and can never
+   freeze a bias correction into its graph.
 """
 from __future__ import annotations
 
@@ -279,12 +280,10 @@ class Optimizer:
         if self._drops != self.tape._params.drops:   # reset_to dropped parameters since the last check
             self.check_params(f"{self.kind}.step")
             self._drops = self.tape._params.drops
-        with sigint_held():   # Ctrl-C mid-update would leave some parameters stepped and others not
-            self._step(self.count + 1)
-            self.count += 1
+        sigint_held(self._step)   # Ctrl-C mid-update would leave some parameters stepped and others not
 
-    def _step(self, count):
-        sc = self.step_scalars(count)
+    def _step(self):
+        sc = self.step_scalars(self.count + 1)
         work = []
         for unit in self._units():
             g = unit.g
@@ -301,10 +300,8 @@ class Optimizer:
                 for _, g in work:
                     clip_scale(g, norm, self.clip, self.clip_mode, g)
         for unit, g in work:
-            if unit.wd is not None:
-                self._update(unit.w, g, unit.state, sc, (unit.t, unit.u), unit.wd)
-            else:
-                self._update(unit.w, g, unit.state, sc, (unit.t, unit.u))
+            self._update(unit.w, g, unit.state, sc, (unit.t, unit.u), unit.wd)
+        self.count += 1
 
     def config(self) -> dict[str, Any]:
         return {"kind": self.kind, "lr": self.lr, "clip": self.clip, "clip_mode": self.clip_mode,
@@ -339,7 +336,7 @@ class Optimizer:
     def step_scalars(self, count: int) -> tuple[float, ...]:
         return ()
 
-    def _update(self, w, g, state, sc, tmp):
+    def _update(self, w, g, state, sc, tmp, wd=None):
         raise NotImplementedError(f"{type(self).__name__}: an optimizer defines its update")
 
 
@@ -385,7 +382,7 @@ class SGD(Optimizer):
         self.nesterov = bool(nesterov)
         self.moments = 1 if self.momentum else 0   # the trace, kept as "mu"
 
-    def _update(self, w, g, state, sc, tmp):
+    def _update(self, w, g, state, sc, tmp, wd=None):   # wd: always None (add refuses it for SGD)
         trace = state[0] if self.moments else None
         sgd_update(w, g, self.lr, tmp[0], trace, self.momentum, self.nesterov, tmp[1])
 

@@ -328,7 +328,7 @@ def _host_episode_unlocked(program, flat=False, lr=False):
             return
         p, o = program, program.opt
         np_, ni = len(p.params), len(p.consts)
-        state = [a for arrays in zip(*[getattr(o, key) for key in ("mu", "nu")[:o.moments]]) for a in arrays]
+        state = o.state_arrays()
         ns = len(state)
         for k, x in zip(p.params, xs[:np_]):
             np.copyto(p.val[k], x)
@@ -698,8 +698,7 @@ def episode_state(program: Program, flat: bool = False) -> Any:
     if program.backend == "native":
         program.runner.pull_count()
     params = tuple(jnp.array(program.val[k]) for k in program.params)
-    state = tuple(jnp.array(a) for arrays in zip(*[getattr(o, key) for key in ("mu", "nu")[:o.moments]])
-                  for a in arrays)
+    state = tuple(jnp.array(a) for a in o.state_arrays())
     named = _named(program, params, state, o.count)
     return flatten_state(program, *named) if flat else named
 

@@ -115,6 +115,10 @@ class _Opt:
             setattr(self, key, views)
             setattr(self, key[0] + "slab", slab)
 
+    def state_arrays(self):
+        """The moment arrays in the episode's operand order: mu_0, nu_0, mu_1, … (Adam), trace_0, … (SGD)."""
+        return [a for arrays in zip(*[getattr(self, key) for key in ("mu", "nu")[:self.moments]]) for a in arrays]
+
     def config_key(self):
         c = self.conf
         extra = (c.b1, c.b2, c.eps, c.eps_mode) if self.kind == "Adam" else (c.momentum, c.nesterov)

@@ -351,10 +351,7 @@ class NativeRunner:
     def abi(self):
         p = self.p
         fn = {name: ctypes.cast(f, ctypes.c_void_p).value for name, f in self.fns.items()}
-        state = []
-        if p.opt is not None:
-            for arrays in zip(*[getattr(p.opt, key) for key in ("mu", "nu")[:p.opt.moments]]):
-                state += [(_addr(a), a.shape) for a in arrays]
+        state = [(_addr(a), a.shape) for a in p.opt.state_arrays()] if p.opt is not None else []
         return {
             "forward": fn["forward"], "backward": fn["backward"], "episode": fn["episode"], "step": fn["step"],
             "ctx": _addr(self.table),

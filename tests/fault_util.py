@@ -76,3 +76,17 @@ def profiler(k, action):
                 sys.setprofile(None)
                 action()
     return prof
+
+
+# ── the build cache (tests/test_faults_build.py, tests/test_cache_identity.py) ──
+
+SRC = "int tg_probe(void) { return 42; }\n"   # a library with one probe symbol
+
+
+@pytest.fixture(name="cache")
+def build_cache(tmp_path, monkeypatch):
+    """An empty build cache of the test's own (``$TAPEGRAD_CACHE``), as a path."""
+    from tapegrad.native import build
+    d = tmp_path / "cache"
+    monkeypatch.setenv(build.ENV, str(d))
+    return d

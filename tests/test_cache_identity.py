@@ -18,17 +18,9 @@ import pytest
 import tapegrad as tg
 from tapegrad.native import build
 
-from fault_util import leftovers
+from fault_util import SRC, build_cache, leftovers  # noqa: F401 (build_cache: the cache fixture)
 
-SRC = "int tg_probe(void) { return 42; }\n"
 REAL_CC = build.find_compiler()
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    d = tmp_path / "cache"
-    monkeypatch.setenv(build.ENV, str(d))
-    return d
 
 
 def plant(src, dst):

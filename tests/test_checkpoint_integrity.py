@@ -405,25 +405,36 @@ def ctrl_c_still_interrupts():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_an_interrupt_anywhere_in_load_leaves_all_or_nothing(tmp_path, saved, default_sigint):
-    blob, want = saved
-    path = write(tmp_path / "ck.safetensors", blob)
+def every_interrupt(path, want, action, after_each=None):
+    """Load ``path`` with ``action`` at the k-th event, k = 1, 2, … until a load runs past the last one:
+    each interrupted load must raise KeyboardInterrupt and leave the model as before or as the
+    checkpoint. Returns how often each; ``after_each(tape, ps, opt)`` runs after every interruption."""
     k, outcomes = 0, {"nothing": 0, "all": 0}
     while True:
         k += 1
         tape, ps, opt = model(1, steps=3)
         before = state(tape, ps, opt)
-        got = interrupted_load(path, tape, opt, k, raise_ctrl_c)
-        if got is None:
+        got = interrupted_load(path, tape, opt, k, action)
+        if got is None:          # past the last event: the load finished before the interrupt
             assert state(tape, ps, opt) == want
-            break
-        assert got is KeyboardInterrupt
+            return outcomes
+        assert got is KeyboardInterrupt, got
         now = state(tape, ps, opt)
         assert now in (before, want), f"an interrupt at event {k} left a half-restored model"
         outcomes["nothing" if now == before else "all"] += 1    # all: raised after the copies were done
+        if after_each is not None:
+            after_each(tape, ps, opt)
+
+
+def test_an_interrupt_anywhere_in_load_leaves_all_or_nothing(tmp_path, saved, default_sigint):
+    blob, want = saved
+    path = write(tmp_path / "ck.safetensors", blob)
+
+    def then(tape, ps, opt):
         ctrl_c_still_interrupts()
         tg.load(path, tape, opt)                                    # and the next load works
         assert state(tape, ps, opt) == want
+    outcomes = every_interrupt(path, want, raise_ctrl_c, then)
     assert outcomes["nothing"] > 100, outcomes
 
 
@@ -432,19 +443,7 @@ def test_ctrl_c_during_the_copies_is_held_back_and_then_delivered(tmp_path, save
     them it waits until they are done; either way it reaches the caller, never lost."""
     blob, want = saved
     path = write(tmp_path / "ck.safetensors", blob)
-    k, outcomes = 0, {"nothing": 0, "all": 0}
-    while True:
-        k += 1
-        tape, ps, opt = model(1, steps=3)
-        before = state(tape, ps, opt)
-        got = interrupted_load(path, tape, opt, k, lambda: signal.raise_signal(signal.SIGINT))
-        if got is None:          # past the last event: the load finished before the signal
-            assert state(tape, ps, opt) == want
-            break
-        assert got is KeyboardInterrupt, got
-        now = state(tape, ps, opt)
-        assert now in (before, want), f"SIGINT at event {k} left a half-restored model"
-        outcomes["nothing" if now == before else "all"] += 1
+    outcomes = every_interrupt(path, want, lambda: signal.raise_signal(signal.SIGINT))
     assert outcomes["nothing"] > 50 and outcomes["all"] > 5, outcomes
     ctrl_c_still_interrupts()
 

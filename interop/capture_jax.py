@@ -31,7 +31,7 @@ from ._jax import jax, jnp
 from .oracle import TracingError
 from .oracle_replay import Literal, Plan, Replay, is_float, is_key
 from .oracle_rules import CONTROL_RULES, RULES, UnsupportedPrimitiveError, _flat, _out_shape, _reshape
-from .optax_native import Unreadable
+from . import optax_native
 from .program import program_call, program_episode
 
 # rules that read JAX's values of their operands or results as numbers, so a program would keep the
@@ -239,8 +239,9 @@ def _scatter(fn_name):
     return rule
 
 
-_CAPTURE_RULES = {"select_n": _select_n, "stop_gradient": _stop_gradient, "gather": _gather, "scatter-add": _scatter("index_add"),
-                  "scatter_add": _scatter("index_add"), "scatter": _scatter("index_set")}
+_CAPTURE_RULES = {"select_n": _select_n, "stop_gradient": _stop_gradient, "gather": _gather,
+                  "scatter-add": _scatter("index_add"), "scatter_add": _scatter("index_add"),
+                  "scatter": _scatter("index_set")}
 
 
 def _while_rule(r, st, xs, jenv):
@@ -542,7 +543,6 @@ def train_step(fn: Callable[..., Any], params: Any, *example_batch: Any, optimiz
     steps of it are checked against optax's own update from the same state: if they differ by more than
     rounding, the XLA form runs (and ``step.why`` says so).
     """
-    from . import optax_native
     step, why = None, "native_update=False"
     if native_update is not False:
         try:
@@ -641,7 +641,7 @@ def _check(step, fn, params, batch, optimizer, dt, steps=3):
         _, ours = step(ours, *batch)
         theirs = reference(theirs)
     if jax.tree.structure(ours) != jax.tree.structure(theirs):
-        raise Unreadable(f"the native step's state {jax.tree.structure(ours)} is not optax's "
+        raise optax_native.Unreadable(f"the native step's state {jax.tree.structure(ours)} is not optax's "
                          f"{jax.tree.structure(theirs)}")
     tol = float(np.sqrt(np.finfo(dt).eps))
     paths = jax.tree_util.tree_flatten_with_path(theirs)[0]
@@ -649,7 +649,7 @@ def _check(step, fn, params, batch, optimizer, dt, steps=3):
         want, got = np.asarray(want), np.asarray(got)
         scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
         if got.dtype != want.dtype or not np.allclose(got, want, rtol=tol, atol=tol * scale):
-            raise Unreadable(f"after {steps} steps the native update's state{jax.tree_util.keystr(path)} "
+            raise optax_native.Unreadable(f"after {steps} steps the native update's state{jax.tree_util.keystr(path)} "
                              f"({got.dtype}) differs from optax's ({want.dtype}) by "
                              f"{float(np.max(np.abs(got - want))):.3g} (bound {tol:.3g} relative): the optimizer "
                              f"was misread (please report it)")

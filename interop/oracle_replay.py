@@ -152,6 +152,7 @@ class Plan:
         self.out_slots = self._flatten(jx, consts, self.in_slots, self.units)
         self._fn = None
         self._eval_cache = {}
+        self._live_cache = {}
 
     def _new(self):
         self.n += 1
@@ -223,7 +224,7 @@ class Plan:
         only these keeps the model's forward out of a capture's per-call JAX work, and out of shard_map's
         typing (binding an unneeded step of replicated and per-shard values is a type error there)."""
         key = (tuple(keep[0]), tuple(sorted(keep[1])))
-        live = self._live_cache.get(key) if hasattr(self, "_live_cache") else None
+        live = self._live_cache.get(key)
         if live is not None:
             return live
         want = set(keep[0])
@@ -236,7 +237,7 @@ class Plan:
             if any(o in want for o in st.outs):
                 live.add(k)
                 want.update(x for x in st.ins if not isinstance(x, Literal))
-        self.__dict__.setdefault("_live_cache", {})[key] = live
+        self._live_cache[key] = live
         return live
 
     def needed(self, tainted_ins):

@@ -174,6 +174,12 @@ static void tg_inst_clear(tg_inst *in) {
   in->nowned = in->npairs = 0;
 }
 
+/* The table index of optimizer state slot j (0-based among the state slots): row j / nm of the parameter
+ * table (T[4]), its mu (or trace) or nu column. */
+static int64_t tg_state_entry(const tg_inst *in, const long long *pinfo, int64_t j) {
+  return TG_FIRST + pinfo[8 * (j / in->nm) + 3 + j % in->nm];
+}
+
 /* (Re)build `in` from the program's current table. The first device that ran the program (slot 0)
  * runs on the program's own buffers; the others get copies of every buffer (entries naming one
  * buffer keep naming one copy). */
@@ -217,7 +223,7 @@ static const char *tg_inst_build(tg_prog *p, tg_inst *in, int slot) {
     if (s < TG_SLOT_STATE(p, 0)) primary = p->index[s];
     else {
       int64_t k = s - TG_SLOT_STATE(p, 0);
-      primary = k < in->ns ? TG_FIRST + pinfo[8 * (k / in->nm) + 3 + k % in->nm] : -1;
+      primary = k < in->ns ? tg_state_entry(in, pinfo, k) : -1;
     }
     if (primary < 0) continue;
     for (int64_t i = TG_FIRST; i < n; i++)
@@ -660,7 +666,7 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
   tg_point(in, ptr);
   for (int64_t k = 0; k < nw; k++)   /* a clashing slot runs on the instance's own buffer */
     if (!ptr[k < np ? k : TG_SLOT_STATE(p, k - np)]) {
-      int64_t i = k < np ? p->index[k] : TG_FIRST + pinfo[8 * ((k - np) / in->nm) + 3 + (k - np) % in->nm];
+      int64_t i = k < np ? p->index[k] : tg_state_entry(in, pinfo, k - np);
       memcpy((char *)(intptr_t)in->base[i], dst[k], wn[k] * es);
     }
   for (int64_t d = 0; d < c.nd; d++) {
@@ -681,7 +687,7 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
   in->sc[6] = 0.0;
   for (int64_t k = 0; k < nw; k++)
     if (!ptr[k < np ? k : TG_SLOT_STATE(p, k - np)]) {
-      int64_t i = k < np ? p->index[k] : TG_FIRST + pinfo[8 * ((k - np) / in->nm) + 3 + (k - np) % in->nm];
+      int64_t i = k < np ? p->index[k] : tg_state_entry(in, pinfo, k - np);
       memcpy(dst[k], (char *)(intptr_t)in->base[i], wn[k] * es);
     }
   memcpy(tg_data(cf, 1, 0), (char *)(intptr_t)in->run[p->loss], es);

@@ -80,3 +80,46 @@ def test_the_previous_sigint_handler_is_back_after_a_step():
         assert signal.getsignal(signal.SIGINT) is mine and opt.count == 1
     finally:
         signal.signal(signal.SIGINT, old)
+
+
+@pytest.mark.parametrize("factory", [lambda: tg.Adam(0.1, weight_decay=0.01, clip=1.0),
+                                     lambda: tg.SGD(0.1, momentum=0.9, nesterov=True)], ids=["adamw", "nesterov"])
+def test_an_interrupt_anywhere_in_a_small_step_undoes_it(factory):
+    """Below HOLD_FROM elements the step copies its state first: an exception at any Python call or return
+    inside it (a Ctrl-C between two ufuncs) leaves count, moments and parameters exactly as before, or,
+    when it comes after the last write, exactly as after the step."""
+    import sys
+
+    from fault_util import profiler
+    assert 3 * 50 < tg.optim.HOLD_FROM
+
+    def second_step(interrupt_at=None):
+        tape, ws, opt = trained(factory, n=3, size=50)
+        opt.step()                       # a second step: the moments are not zero
+        before = state(tape, ws, opt)
+        if interrupt_at is not None:
+            def ctrl_c():
+                raise KeyboardInterrupt
+            sys.setprofile(profiler(interrupt_at, ctrl_c))
+        try:
+            opt.step()
+        except KeyboardInterrupt:
+            return before, state(tape, ws, opt), True
+        finally:
+            sys.setprofile(None)
+        return before, state(tape, ws, opt), False
+
+    def same(x, y):
+        return x[1]["count"] == y[1]["count"] and all(np.array_equal(a, b) for a, b in zip(x[0], y[0])) and all(
+            np.array_equal(a, b) for key in ("mu", "nu") if key in x[1] for a, b in zip(x[1][key], y[1][key]))
+    _, done, _ = second_step()
+    k, undone = 0, 0
+    while True:
+        k += 1
+        before, after, interrupted = second_step(k)
+        if not interrupted:
+            assert same(after, done)
+            break
+        assert same(after, before) or same(after, done), f"an interrupt at event {k} left a half-done step"
+        undone += same(after, before)
+    assert undone > 10

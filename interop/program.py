@@ -49,16 +49,25 @@ class ProgramError(TapeError, ValueError):
 
 # ── the native library ───────────────────────────────────────────────────────
 
-def _source():
-    """c_api.h, Adam's step scalars (tapegrad's C, shared with the native runtime), tg_xla.c, tg_gpu.c."""
-    parts = [os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h"),
-             os.path.join(os.path.dirname(os.path.abspath(native_pkg.__file__)), "step_scalars.c"),
-             os.path.join(_HERE, "tg_xla.c"), os.path.join(_HERE, "tg_gpu.c")]
+def _read(paths):
     text = []
-    for path in parts:
+    for path in paths:
         with open(path) as f:
             text.append(f.read())
     return "\n".join(text)
+
+
+def ffi_header():
+    """The installed jaxlib's xla/ffi/api/c_api.h, then ffi_compat.h (the handlers' names on every jaxlib)."""
+    return _read([os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h"),
+                  os.path.join(_HERE, "ffi_compat.h")])
+
+
+def _source():
+    """The FFI header, Adam's step scalars (tapegrad's C, shared with the native runtime), tg_xla.c, tg_gpu.c."""
+    return "\n".join([ffi_header(), _read([os.path.join(os.path.dirname(os.path.abspath(native_pkg.__file__)),
+                                                         "step_scalars.c"),
+                                            os.path.join(_HERE, "tg_xla.c"), os.path.join(_HERE, "tg_gpu.c")])])
 
 
 def _cuda_platform():

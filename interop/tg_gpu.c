@@ -316,12 +316,12 @@ XLA_FFI_Error *tg_gpu_episode(XLA_FFI_CallFrame *cf) {
   XLA_FFI_Error *e = cf->api->XLA_FFI_Stream_Get(&sg);
   if (e || !sg.stream) {
     const char *text = "no stream";
-    XLA_FFI_Error_GetMessage_Args gm;
+    XLA_FFI_Error_GetDetails_Args gm;
     memset(&gm, 0, sizeof gm);
-    gm.struct_size = XLA_FFI_Error_GetMessage_Args_STRUCT_SIZE;
+    gm.struct_size = XLA_FFI_Error_GetDetails_Args_STRUCT_SIZE;
     gm.error = e;
     if (e) {
-      cf->api->XLA_FFI_Error_GetMessage(&gm);
+      cf->api->XLA_FFI_Error_GetDetails(&gm);
       if (gm.message) text = gm.message;
     }
     snprintf(msg, sizeof msg, "tg_gpu_episode: XLA gives this call no CUDA stream (%s); the target runs on the "

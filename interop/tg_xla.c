@@ -399,7 +399,7 @@ static XLA_FFI_Error *tg_error(XLA_FFI_CallFrame *cf, XLA_FFI_Error_Code code, c
 
 /* Answer XLA's registration-time metadata query; 1 when it was one. */
 static int tg_metadata(XLA_FFI_CallFrame *cf) {
-  XLA_FFI_Extension_Base *e = cf->extension_start;
+  XLA_FFI_InternalExtension *e = cf->extension_start;
   if (!e || e->type != XLA_FFI_Extension_Metadata) return 0;
   XLA_FFI_Metadata_Extension *m = (XLA_FFI_Metadata_Extension *)e;
   m->metadata->api_version.major_version = XLA_FFI_API_MAJOR;

@@ -16,7 +16,7 @@ static XLA_FFI_Error *f_error_create(XLA_FFI_Error_Create_Args *a) {
   return (XLA_FFI_Error *)err_msg;
 }
 static void f_error_destroy(XLA_FFI_Error_Destroy_Args *a) { (void)a; }
-static void f_error_message(XLA_FFI_Error_GetMessage_Args *a) { a->message = err_msg; }
+static void f_error_message(XLA_FFI_Error_GetDetails_Args *a) { a->message = err_msg; }
 static XLA_FFI_Error *f_stream(XLA_FFI_Stream_Get_Args *a) { a->stream = the_stream; return NULL; }
 static XLA_FFI_Error *f_device(XLA_FFI_DeviceOrdinal_Get_Args *a) { a->device_ordinal = the_device; return NULL; }
 
@@ -26,7 +26,7 @@ static XLA_FFI_Api api_for(void) {
   api.struct_size = XLA_FFI_Api_STRUCT_SIZE;
   api.XLA_FFI_Error_Create = f_error_create;
   api.XLA_FFI_Error_Destroy = f_error_destroy;
-  api.XLA_FFI_Error_GetMessage = f_error_message;
+  api.XLA_FFI_Error_GetDetails = f_error_message;
   api.XLA_FFI_Stream_Get = f_stream;
   api.XLA_FFI_DeviceOrdinal_Get = f_device;
   return api;

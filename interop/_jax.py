@@ -6,11 +6,31 @@ need 64-bit say so: the oracle runs inside a scoped ``jax.enable_x64(True)``; ``
 ``program_episode`` of a float64 program refuse to run with x64 off (enable it with
 ``jax.config.update("jax_enable_x64", True)`` or ``with jax.enable_x64(True):``, or capture with
 ``dtype="float32"``, which works either way).
+
+interop supports jax and jaxlib 0.10.2 to 0.12.x (docs/install.md); what differs across that range is
+decided here, from the installed jaxlib's version.
 """
+import re
+
 import jax
 import jax.numpy as jnp
+import jaxlib
 
-__all__ = ["jax", "jnp", "x64_enabled", "varying", "align_varying"]
+__all__ = ["jax", "jnp", "JAXLIB", "CPU_FUSION_EMITTERS_SWITCH", "x64_enabled", "varying", "align_varying"]
+
+
+def release(version):
+    """``(major, minor, patch)`` of a version string: ``release("0.12.0.1") == (0, 12, 0)``."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    if m is None:
+        raise ValueError(f"not a jax version: {version!r} (expected major.minor.patch, e.g. '0.12.0')")
+    return tuple(int(p) for p in m.groups())
+
+
+JAXLIB = release(jaxlib.__version__)
+# XLA's compile option `xla_cpu_use_fusion_emitters` (False: its older, faster-to-compile CPU fusion
+# emitters) exists up to jaxlib 0.11.0; later ones reject it ("No such compile option").
+CPU_FUSION_EMITTERS_SWITCH = JAXLIB < (0, 11, 1)
 
 
 def x64_enabled():

@@ -19,7 +19,7 @@ import numpy as np
 
 import tapegrad as tg
 
-from ._jax import align_varying, jax, jnp
+from ._jax import CPU_FUSION_EMITTERS_SWITCH, align_varying, jax, jnp
 import jax.extend.core as _core  # noqa: E402
 
 CONTROL = ("scan", "while", "cond")
@@ -52,11 +52,11 @@ def is_float(aval):
 
 
 # JAX's side is compiled once per function and run a few times on small inputs, so it is compiled
-# for compile time: LLVM's cheapest pipeline and XLA's older CPU fusion emitters cut a transformer
-# block's compile about 3× here (4–5 s → 1.1–1.4 s under load); the HLO passes (fusion, algebraic
-# simplification) still run, so values agree with a default jit to rounding.
+# for compile time: LLVM's cheapest pipeline and XLA's older CPU fusion emitters (a switch jaxlib
+# 0.11.1 removed) cut a transformer block's compile about 3× here (4–5 s → 1.1–1.4 s under load);
+# the HLO passes (fusion, algebraic simplification) still run, so values agree with a default jit to rounding.
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
-                "xla_cpu_use_fusion_emitters": False}
+                **({"xla_cpu_use_fusion_emitters": False} if CPU_FUSION_EMITTERS_SWITCH else {})}
 
 
 def compiled(fn):

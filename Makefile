@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test matrix bench experiments mutants clean
+.PHONY: demo test docs matrix rows bench experiments mutants clean
 
 $(STAMP): pyproject.toml tapegrad/_ctape.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,9 +20,25 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -n auto --dist loadfile tests tapegrad interop
 
+# The documentation site (mkdocs.yml: the pages under docs/ and an API reference from the docstrings) into
+# site/, warnings as errors. make test runs every code block of its pages (tests/test_docs.py).
+DSTAMP  := $(VENV)/.installed-docs
+
+$(DSTAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[docs]"
+	touch $(DSTAMP)
+
+docs: $(DSTAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # The native exactness tests under every compiler x target x BLAS kernel present (.ci/run runs it).
 matrix: $(STAMP)
 	tools/matrix.sh
+
+# The interop and oracle tests under Python 3.12 and 3.13 with JAX 0.12, a venv each outside the tree
+# (.ci/run runs it; JAX_ROWS="3.13:0.12" picks rows).
+rows:
+	tools/jax_rows.sh
 
 # Mutation testing (docs/testing.md): mutmut per core module with its own tests, then hand-written C
 # mutations. Not part of make test; under an hour on 2 cores. MUTANTS="tape optim" runs some modules only.
@@ -62,4 +78,4 @@ experiments: $(STAMP)
 	$(BENCH_ENV) $(BIN)/python experiments/bench_peers.py
 
 clean:
-	rm -rf $(VENV) experiments/out/*.png experiments/out/*.md
+	rm -rf $(VENV) site experiments/out/*.png experiments/out/*.md

@@ -4,7 +4,7 @@ tape, the NumPy replay, the native program and jax.jit(value_and_grad + optax.ad
 Every system runs in this one process, interleaved repeat by repeat (median), as in bench_capture.py.
 BLAS runs on one thread (threadpoolctl; ``--blas-threads`` to change it), as in bench_interop.py: these
 GEMMs are small (k = 9 or 72, n = 8 or 16), and on the shared 2-core machine OpenBLAS's spinning second
-thread made every tapegrad system 6-14x slower under load (see the README); XLA has its own pool.
+thread made every tapegrad system 6-14x slower under load (docs/benchmarks.md); XLA has its own pool.
 A model is one entry of ``MODELS``: ``init`` (parameters), ``data`` (one batch), ``tape_loss`` and
 ``jax_loss`` (the same model twice). ``--quick`` for a smoke run.
 """

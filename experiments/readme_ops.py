@@ -1,29 +1,34 @@
-"""Rewrite the README's op table from the registry and the oracle's primitive table from its rules
-(tests/test_readme.py and tests/test_oracle_readme.py check they agree)."""
+"""Rewrite the op table of docs/ops.md from the registry and the oracle's primitive table of docs/oracle.md
+from its rules (tests/test_docs.py and tests/test_oracle_readme.py check they agree)."""
 import pathlib
 import re
 
 import tapegrad.ops as O
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
 
 
 def block(name, body):
     return f"<!-- {name}:begin -->\n{body}\n<!-- {name}:end -->"
 
 
+def rewrite(page, name, body):
+    """Replace the generated block ``name`` of docs/``page`` with ``body``."""
+    path = DOCS / page
+    text, n = re.subn(rf"<!-- {name}:begin -->.*?<!-- {name}:end -->", lambda m: block(name, body),
+                      path.read_text(), flags=re.S)
+    if n != 1:
+        raise SystemExit(f"docs/{page}: expected one <!-- {name}:begin --> … <!-- {name}:end --> block, found {n}")
+    path.write_text(text)
+
+
 def main():
-    text = README.read_text()
-    text = re.sub(r"<!-- ops:begin -->.*?<!-- ops:end -->", lambda m: block("ops", O.markdown_table()), text,
-                  flags=re.S)
+    rewrite("ops.md", "ops", O.markdown_table())
     try:
         from interop.oracle_rules import primitive_table
     except ImportError:   # no jax here: leave the oracle's table as it is
-        primitive_table = None
-    if primitive_table is not None:
-        text = re.sub(r"<!-- oracle:begin -->.*?<!-- oracle:end -->", lambda m: block("oracle", primitive_table()),
-                      text, flags=re.S)
-    README.write_text(text)
+        return
+    rewrite("oracle.md", "oracle", primitive_table())
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ their results are JAX's values, entering the tape as constants. Any step whose r
 non-float (comparisons, integer arithmetic, random bits, keys) is likewise JAX's. Loops and branches
 are ``oracle_replay``'s; calls are inlined there before any rule is consulted.
 
-``primitive_table()`` is the README's table of what is covered, generated from this module.
+``primitive_table()`` is docs/oracle.md's table of what is covered, generated from this module.
 """
 import math
 
@@ -27,7 +27,7 @@ class UnsupportedPrimitiveError(TapeError, NotImplementedError):
 
 
 RULES = {}
-DOCS = {}      # primitive -> how it is replayed (the README table)
+DOCS = {}      # primitive -> how it is replayed (the table of docs/oracle.md)
 NEEDS = {}     # primitive -> tapegrad functions the rule calls
 
 
@@ -632,7 +632,7 @@ assert set(CONTROL) <= set(CONTROL_RULES)
 
 
 def primitive_table():
-    """The README's table of covered primitives (a test keeps it in sync)."""
+    """docs/oracle.md's table of covered primitives (a test keeps it in sync)."""
     rows = ["| primitive | replayed on the tape as |", "|---|---|"]
     waiting = [n for n in sorted(DOCS) if missing(n)]
     for name in sorted(DOCS):

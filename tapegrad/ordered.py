@@ -12,7 +12,7 @@ differ in the last bits. In ordered mode the tape records these variants instead
 
 Everything else is already IEEE-exact per element or follows one order (a broadcast input's gradient
 is summed over leading axes row by row, which is NumPy's order and this one). Ordered mode costs speed
-(no BLAS): see the README's table. The variants are not registry entries of their own: they are the
+(no BLAS): see docs/benchmarks.md ("Ordered mode"). The variants are not registry entries of their own: they are the
 same ops with another summation order, looked up here by ``Tape(ordered=True)`` and
 ``capture(..., ordered=True)``.
 

@@ -1,8 +1,12 @@
-"""The repository documents itself: every repository file its docs, docstrings and comments name exists."""
+"""The repository documents itself: every repository file its docs, docstrings and comments name exists, and
+the tables the docs generate are the code's."""
 import pathlib
 import re
 
 import pytest
+
+import tapegrad.ops as O
+from docs_pages import fenced_blocks, generated, pages, text
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DIRS = ("tapegrad", "interop", "tests", "experiments", "docs")
@@ -11,7 +15,7 @@ TOKEN = re.compile(r"(?<![\w./:-])((?:[\w.-]+/)*[\w-]+(?:\.[\w-]+)*\.(?:md|py|c|
 
 
 def sources():
-    files = [ROOT / n for n in ("README.md", "pyproject.toml", "Makefile")]
+    files = [ROOT / n for n in ("README.md", "pyproject.toml", "Makefile", "mkdocs.yml")]
     for d in DIRS:
         files += [p for p in sorted((ROOT / d).rglob("*")) if p.suffix in (".py", ".md", ".c", ".h", ".toml")
                   and "golden" not in p.parts and "out" not in p.relative_to(ROOT).parts[:2]]
@@ -41,16 +45,17 @@ def test_the_scanner_sees_paths():
 
 @pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_named_repository_file_exists(path):
+    bases = [ROOT, path.parent] + [ROOT / "docs"] * (path.name == "mkdocs.yml")   # its nav is relative to docs/
     missing = [t for t in sorted(named_paths(path.read_text(encoding="utf-8")))
-               if not (ROOT / t).exists() and not (path.parent / t).exists()]
+               if not any((base / t).exists() for base in bases)]
     assert not missing, f"{path.relative_to(ROOT)} names files that are not in the repository: {missing}"
 
 
-def test_readme_states_requirements_and_every_environment_variable():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_getting_started_states_requirements_and_every_environment_variable():
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
     for fact in ("Linux", "x86-64", "C compiler", "Python ≥ 3.10"):
-        assert fact in readme, fact
-    table = readme.split("| variable | effect |", 1)[1].split("\n\n", 1)[0]
+        assert fact in page, fact
+    table = page.split("| variable | effect |", 1)[1].split("\n\n", 1)[0]
     used = set()
     for path in sources():
         if path.suffix == ".py" and path.parts[len(ROOT.parts)] in ("tapegrad", "interop"):
@@ -60,4 +65,74 @@ def test_readme_states_requirements_and_every_environment_variable():
             used |= set(re.findall(r"[\"'](TAPEGRAD_[A-Z0-9_]+)[\"']", text))   # names kept in constants
     assert {"TAPEGRAD_CACHE", "TAPEGRAD_BLAS", "CC"} <= used
     undocumented = sorted(v for v in used if f"| `{v}` |" not in table)
-    assert not undocumented, f"environment variables the package reads but the README's table lacks: {undocumented}"
+    assert not undocumented, f"environment variables the package reads but docs/getting-started.md's table lacks: {undocumented}"
+
+
+def test_the_op_table_is_generated_from_the_registry():
+    assert generated("ops.md", "ops") == O.markdown_table(), "run: python experiments/readme_ops.py"
+
+
+def _gpu():
+    """None where CuPy sees an NVIDIA device, else why not."""
+    try:
+        import cupy
+        return None if cupy.cuda.runtime.getDeviceCount() > 0 else "no CUDA device"
+    except Exception as e:   # no CuPy, or CuPy without a driver
+        return f"needs an NVIDIA GPU with CuPy ({type(e).__name__})"
+
+
+NEEDS = {"gpu": _gpu}      # what a `<!-- docs-test: needs X -->` marker may ask for
+
+
+def _python_blocks():
+    for name in pages():
+        for i, (lang, code, marker) in enumerate(b for b in fenced_blocks(text(name)) if b[0] == "python"):
+            yield pytest.param(name, code, marker, id=f"{name}:{i}")
+
+
+@pytest.mark.parametrize("name, code, marker", list(_python_blocks()))
+def test_every_python_block_runs_on_its_own(name, code, marker):
+    """Each block of each page runs in a fresh namespace: a page's examples never lean on each other."""
+    if marker is not None and marker.startswith("needs "):
+        why = NEEDS[marker[len("needs "):]]()
+        if why is not None:
+            pytest.skip(f"{name}: {why}")
+    elif marker is not None:
+        path, test = marker.split("::")
+        source = (ROOT / path).read_text(encoding="utf-8")
+        assert re.search(rf"^def {test}\(", source, re.M) and name in source, \
+            f"{name}: the marker names {marker}, which does not exist or does not read {name}"
+        return                                            # that test runs it and checks what it computes
+    if "interop" in code or "jax" in code:
+        pytest.importorskip("jax")
+    exec(compile(code, name, "exec"), {"__name__": "__docs__"})
+
+
+def test_the_markers_ask_for_what_the_runner_knows():
+    for name in pages():
+        for _, _, marker in fenced_blocks(text(name)):
+            assert marker is None or "::" in marker or marker.split(" ", 1)[1] in NEEDS, (name, marker)
+
+
+MAKE_TARGETS = set(re.findall(r"^([a-z]+):", (ROOT / "Makefile").read_text(), re.M))
+EXTRAS = set(re.findall(r"^(\w+) = \[", (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1]
+                        .split("\n[", 1)[0], re.M))
+
+
+@pytest.mark.parametrize("name", pages())
+def test_every_shell_command_names_what_exists(name):
+    """The sh blocks are commands for a user's shell: each make target, extra and script they name exists."""
+    for lang, code, _ in fenced_blocks(text(name)):
+        if lang != "sh":
+            continue
+        for line in code.splitlines():
+            cmd = line.split("#", 1)[0].split()
+            if cmd[:1] == ["make"]:
+                assert cmd[1] in MAKE_TARGETS, (name, line)
+            elif cmd[:2] == ["pip", "install"]:
+                extra = re.search(r"\[(\w+)\]", line)
+                assert extra is None or extra.group(1) in EXTRAS, (name, line)
+            elif cmd[:1] == ["python"] and cmd[1].endswith(".py"):
+                assert (ROOT / cmd[1]).exists(), (name, line)
+            else:
+                assert not cmd, f"{name}: a command the test does not know how to check: {line}"

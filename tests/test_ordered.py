@@ -96,12 +96,9 @@ def test_ordered_mlp_tape_numpy_native_bit_for_bit(opt_kind, loss):
     assert np.allclose(ld, le, rtol=1e-12) and any((x != y).any() for x, y in zip(pd, pe))
 
 
-def test_readme_ordered_example_runs():
-    import pathlib
-    import re
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = re.search(r"## Ordered mode, and the GPU backend\n.*?```python\n(.*?)```", readme, re.S).group(1)
-    exec(compile(code, "README.md", "exec"), {})
+def test_the_docs_ordered_example_runs():
+    from docs_pages import block
+    exec(compile(block("exactness.md", "## Ordered mode"), "docs/exactness.md", "exec"), {})
 
 
 def test_a_variant_is_its_base_entry_with_another_name_summation_and_tier():

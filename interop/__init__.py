@@ -18,8 +18,18 @@ the replay of a jaxpr, its loops and branches, the primitive table), ``parity`` 
 
 Importing interop changes no JAX setting (see ``interop._jax``): the oracle scopes its own 64-bit
 mode, and float64 programs ask for it when it is off.
+
+``interop`` is also the import name of Illumina's InterOp on PyPI: where both are installed, one replaces
+the other's ``__init__.py``. ``tapegrad.interop_check()`` says which one ``import interop`` finds, and how to
+repair it.
 """
-from ._jax import jax, jnp
+from tapegrad import __version__ as __version__   # one version: interop ships inside tapegrad
+
+# tapegrad.interop_check() (and `python -m tapegrad info`) look for this name in this file's text: it tells
+# tapegrad's interop from another package installed under the same top-level name (Illumina's InterOp)
+__tapegrad_interop__ = True
+
+from ._jax import jax, jnp  # noqa: E402
 from .dlpack import CopyWarning, cupy_to_jax, from_jax, jax_to_cupy, preallocation_advice, to_jax
 from .capture_jax import CaptureError, Captured, capture_jax, train_step, value_and_grad
 from .function import TransformError, jax_function

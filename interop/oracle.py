@@ -317,7 +317,7 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     Like ``jax.jit``, the trace and JAX's compiled side are cached per function and argument types.
 
     >>> import interop
-    >>> from interop import jnp
+    >>> from interop import jax, jnp
     >>> r = interop.check_grads(lambda w: jnp.tanh(w @ w).sum(), jnp.eye(3))
     >>> r.ok, r.grads[0].shape, r.max_rel[0] <= 1e-12
     (True, (3, 3), True)

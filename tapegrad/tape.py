@@ -180,6 +180,8 @@ class Tape:
     ordered : record matmul, sum and mean in ordered mode (``tapegrad.ordered``): serial index-order
         sums without FMA, so every backend reproduces the tape bit for bit (slower: no BLAS).
 
+    Examples
+    --------
     >>> import tapegrad as tg, numpy as np
     >>> tape = tg.Tape()
     >>> w = tape.param(np.ones((3, 2)))

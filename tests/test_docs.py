@@ -136,3 +136,60 @@ def test_every_shell_command_names_what_exists(name):
                 assert (ROOT / cmd[1]).exists(), (name, line)
             else:
                 assert not cmd, f"{name}: a command the test does not know how to check: {line}"
+
+
+def _public_docstrings():
+    """(name, docstring) of everything the API pages show: each public name of tapegrad and interop, and
+    the public methods of their classes."""
+    import inspect
+    out = []
+    for modname in ("tapegrad", "interop"):
+        try:
+            mod = __import__(modname)
+        except ImportError:       # interop without jax
+            continue
+        names = list(getattr(mod, "__all__", [])) + (["sum", "max", "min", "abs"] if modname == "tapegrad" else [])
+        for name in names:
+            obj = getattr(mod, name)
+            if inspect.ismodule(obj) and not obj.__name__.startswith(modname):
+                continue                                              # interop.jax, interop.jnp
+            out.append((f"{modname}.{name}", obj.__doc__ or ""))
+            if inspect.isclass(obj):
+                out += [(f"{modname}.{name}.{k}", getattr(v, "__doc__", None) or "") for k, v in vars(obj).items()
+                        if not k.startswith("_")]
+    return out
+
+
+def _unbound_names(source):
+    """The names ``source`` reads that it neither binds nor gets from the builtins (assignments, imports,
+    defs, loop and comprehension variables bind; no scopes are told apart: enough for an example)."""
+    import ast
+    import builtins
+    bound, read = set(), set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):                           # a def's or a lambda's parameter
+            bound.add(node.arg)
+    return sorted(read - bound - set(dir(builtins)))
+
+
+def test_the_unbound_name_finder_sees_a_missing_import():
+    assert _unbound_names("from interop import jnp\nf = lambda x: jax.nn.relu(jnp.sum(x))") == ["jax"]
+    assert _unbound_names("import numpy as np\nfor k in range(3):\n    y = [np.ones(k) for _ in 'ab']") == []
+
+
+def test_every_docstring_example_imports_what_it_uses():
+    """A docstring's examples run as doctests in the module's namespace, where a name it never imports may
+    still be defined; on the API page a reader has only the example."""
+    import doctest
+    parser, bad = doctest.DocTestParser(), {}
+    for name, doc in _public_docstrings():
+        source = "".join(e.source for e in parser.get_examples(doc))
+        if source and _unbound_names(source):
+            bad[name] = _unbound_names(source)
+    assert not bad, f"docstring examples that use names they do not define: {bad}"

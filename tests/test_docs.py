@@ -193,3 +193,14 @@ def test_every_docstring_example_imports_what_it_uses():
         if source and _unbound_names(source):
             bad[name] = _unbound_names(source)
     assert not bad, f"docstring examples that use names they do not define: {bad}"
+
+
+def test_the_api_pages_show_doctest_lines_as_code():
+    pytest.importorskip("griffe")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("griffe_api", ROOT / "docs" / "griffe_api.py")
+    ext = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ext)
+    doc = "Sum.\n\n>>> x = 1\n>>> x + 1\n2\n\nMore text.\n    >>> y = 2\n"
+    assert ext.fence(doc) == ("Sum.\n\n```pycon\n>>> x = 1\n>>> x + 1\n2\n```\n\nMore text.\n"
+                              "    ```pycon\n    >>> y = 2\n    ```\n")

@@ -1,0 +1,88 @@
+"""griffe extensions for the API pages (mkdocs.yml loads this file).
+
+``RuntimeFunctions``: most of ``tapegrad``'s elementwise functions and reductions are built by small
+factories from the op registry (``relu, sigmoid, ... = (_unary(...) ...)``) and take the entry's
+description as their docstring, and the ``Var`` methods are installed when the package is imported. Read
+statically they are attributes with no docstring; this imports ``tapegrad`` and describes each one as the
+function it is at run time: its signature and its docstring.
+
+``DoctestFences``: the docstrings keep their examples as bare ``>>>`` lines (pytest runs them as doctests);
+Markdown would read ``>>>`` as nested quotes, so each run of prompt and output lines is fenced as
+``pycon``. A docstring with a numpy-style ``Examples`` section is left as it is: the parser fences that
+section itself.
+"""
+import importlib
+import inspect
+import re
+from typing import Callable
+
+import griffe
+
+_SECTION = re.compile(r"^[ \t]*Examples\n[ \t]*-{3,}$", re.M)
+# a run of lines starting with a ">>> " prompt, with the continuation and output lines after it
+_EXAMPLE = re.compile(r"^(?P<indent>[ \t]*)>>> .*(?:\n(?!(?P=indent)[ \t]*$)(?P=indent)\S.*)*", re.M)
+
+
+def fence(text: str) -> str:
+    """``text`` with each doctest example fenced, at its own indentation."""
+    def one(m: "re.Match[str]") -> str:
+        pad = m.group("indent")
+        return f"{pad}```pycon\n{m.group(0)}\n{pad}```"
+    return _EXAMPLE.sub(one, text)
+
+
+class DoctestFences(griffe.Extension):
+    def on_instance(self, *, obj: griffe.Object, **kwargs: object) -> None:
+        if obj.docstring is not None and ">>> " in obj.docstring.value and not _SECTION.search(obj.docstring.value):
+            obj.docstring.value = fence(obj.docstring.value)
+
+
+KINDS = {p.kind: griffe.ParameterKind[p.kind.name.lower()] for p in
+         inspect.signature(lambda a, /, b, *c, d, **e: None).parameters.values()}
+
+
+def as_function(name: str, f: Callable[..., object], like: griffe.Object) -> griffe.Function:
+    """``f`` as griffe's Function ``name``, its docstring parsed as ``like``'s are (a method of the tape's
+    C core has no signature to read: its parameters stay unnamed)."""
+    try:
+        signature = inspect.signature(f).parameters.values()
+    except (TypeError, ValueError):
+        signature = []
+    params = []
+    for p in signature:
+        default = None if p.default is inspect.Parameter.empty else repr(p.default)
+        params.append(griffe.Parameter(p.name, kind=KINDS[p.kind], default=default))
+    fn = griffe.Function(name, parameters=griffe.Parameters(*params), returns="Var" if name != "split" else None)
+    doc = like.docstring
+    fn.docstring = griffe.Docstring(fence(inspect.cleandoc(f.__doc__ or "")), parent=fn,
+                                    parser=doc.parser if doc else None, parser_options=doc.parser_options if doc else None)
+    return fn
+
+
+def _fill(obj: griffe.Object, runtime: object, names: list, like: griffe.Object) -> None:
+    for name in names:
+        f = inspect.getattr_static(runtime, name, None)
+        if isinstance(f, type) or not callable(f) or not f.__doc__:
+            continue
+        member = obj.members.get(name)
+        target = member
+        while isinstance(target, griffe.Alias):
+            try:
+                target = target.target
+            except griffe.AliasResolutionError:
+                target = None
+                break
+        if target is None or isinstance(target, griffe.Attribute):
+            obj.set_member(name, as_function(name, f, like))
+
+
+class RuntimeFunctions(griffe.Extension):
+    def on_package(self, *, pkg: griffe.Module, **kwargs: object) -> None:
+        if pkg.name != "tapegrad":
+            return
+        tg = importlib.import_module("tapegrad")
+        public = list(getattr(tg, "__all__", [])) + ["sum", "max", "min", "abs"]
+        _fill(pkg, tg, public, pkg)
+        var = pkg.members["Var"]
+        var = var.target if isinstance(var, griffe.Alias) else var
+        _fill(var, tg.Var, [n for n in vars(tg.Var) if not n.startswith("_")], pkg)

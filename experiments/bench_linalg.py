@@ -19,7 +19,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import tapegrad as tg  # noqa: E402
-from tapegrad.native.runner import _capsule, lapack_pointers  # noqa: E402
+from tapegrad.blas import _capsule, lapack_pointers  # noqa: E402
 
 
 def per_call(f, budget=0.6, samples=7):

@@ -13,7 +13,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tapegrad as tg  # noqa: E402
 from tapegrad import verify  # noqa: E402
-from tapegrad.native.runner import blas_core  # noqa: E402
+from tapegrad.blas import blas_core  # noqa: E402
 from bench_eager import side_by_side  # noqa: E402
 from mlp import cpu_model, data, init, tape_loss  # noqa: E402
 

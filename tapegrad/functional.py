@@ -5,18 +5,53 @@ import builtins
 import math
 import numbers
 from collections.abc import Iterable, Sequence
-from typing import Any, Callable, Union
+from types import EllipsisType
+from typing import Any, Callable, Optional, Protocol, TypeGuard, Union, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from . import ops as O
-from . import ops_index as OX
+from .ops import index as OX
 from .ops import Bad, check_axes
 from .tape import Operand, Tape, Var
 from .errors import ArgumentError, DTypeError, ShapeError, TapeError, at
 
-Axis = Union[None, int, Sequence[int]]
+Axis = Union[None, int, Sequence[int]]           # one axis, several, or None for all
+Ints = Union[int, Sequence[int]]                  # one int for every dimension, or one per dimension
+Padding = Union[str, Sequence[tuple[int, int]]]   # "VALID", "SAME", "SAME_LOWER" or (lo, hi) pairs
+Data = Union[Var, ArrayLike]                      # integer indices or a bool mask: a data Var or an array
+_Key = Union[int, np.integer, slice, None, EllipsisType, Sequence[int], np.ndarray, Var]
+Index = Union[_Key, tuple[_Key, ...]]             # what ``x[key]`` takes (see ``getitem``)
+
+
+class Reduction(Protocol):
+    """``sum``, ``mean``, ``max``, ``min``, ``prod``, ``logsumexp``: over ``axis`` (None: all)."""
+    __name__: str
+
+    def __call__(self, a: Var, axis: Axis = None, keepdims: bool = False) -> Var: ...
+
+
+class AxisOp(Protocol):
+    """``softmax``, ``log_softmax``: along one axis."""
+    __name__: str
+
+    def __call__(self, a: Var, axis: int = -1) -> Var: ...
+
+
+class Scan(Protocol):
+    """``cumsum``, ``cumprod``, ``cummax``: running along ``axis``, from the end with ``reverse``."""
+    __name__: str
+
+    def __call__(self, a: Var, axis: int, reverse: bool = False) -> Var: ...
+
+
+class Pool(Protocol):
+    """``max_pool``, ``sum_pool``: windows over ``x`` (see ``max_pool``)."""
+    __name__: str
+
+    def __call__(self, x: Var, window: Ints, strides: Optional[Ints] = None, padding: Padding = "VALID",
+                 layout: Optional[str] = None) -> Var: ...
 
 
 def _tape(*xs):
@@ -161,7 +196,7 @@ def _axes(opname, a, axis, keepdims):
         raise ShapeError(f"{at(opname, len(a.tape))}: {e}") from None
 
 
-def _reduce(op) -> Callable[..., Var]:
+def _reduce(op) -> Reduction:
     def f(a: Var, axis: Axis = None, keepdims: bool = False, dtype: Any = None, out: Any = None) -> Var:
         if a.id < 0:
             return a
@@ -197,7 +232,7 @@ def bmm(a: Operand, b: Operand) -> Var:
     return _binary(O.bmm, None, a, b)
 
 
-def transpose(a: Var, axes: Any = None) -> Var:   # None, an int, or a sequence of ints
+def transpose(a: Var, axes: Axis = None) -> Var:
     """Permute axes (default: reverse them), as ``numpy.transpose``."""
     if a.id < 0:
         return a
@@ -211,20 +246,21 @@ def transpose(a: Var, axes: Any = None) -> Var:   # None, an int, or a sequence 
     return a.tape.apply(O.transpose, a, None, perm)
 
 
-def reshape(a: Var, *shape: Any) -> Var:
+def reshape(a: Var, *shape: Ints) -> Var:
     """A copy with a new shape (one -1 is inferred, as in NumPy)."""
     if a.id < 0:
         return a
-    shape = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) else shape
-    if not builtins.all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
-        return a.tape._fail(ShapeError(f"{at('reshape', len(a.tape))}: the new shape must be ints, got {shape!r} "
+    given: tuple[Any, ...] = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) \
+        else shape
+    if not builtins.all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in given):
+        return a.tape._fail(ShapeError(f"{at('reshape', len(a.tape))}: the new shape must be ints, got {given!r} "
                                        f"(non-integers such as 2.9 are never truncated)"))
-    shape = tuple(int(n) for n in shape)
-    if shape.count(-1) == 1:
-        rest = math.prod([n for n in shape if n != -1])
+    dims = tuple(int(n) for n in given)
+    if dims.count(-1) == 1:
+        rest = math.prod([n for n in dims if n != -1])
         if rest and a.size % rest == 0:
-            shape = tuple(a.size // rest if n == -1 else n for n in shape)
-    return a.tape.apply(O.reshape, a, None, shape)
+            dims = tuple(a.size // rest if n == -1 else n for n in dims)
+    return a.tape.apply(O.reshape, a, None, dims)
 
 
 def broadcast_to(a: Var, shape: Sequence[int]) -> Var:
@@ -232,7 +268,7 @@ def broadcast_to(a: Var, shape: Sequence[int]) -> Var:
     return a.tape.apply(O.broadcast_to, a, None, tuple(int(n) for n in shape))
 
 
-def _axis_op(op) -> Callable[..., Var]:
+def _axis_op(op) -> AxisOp:
     def f(a: Var, axis: int = -1) -> Var:
         if a.id < 0:
             return a
@@ -248,7 +284,7 @@ def _axis_op(op) -> Callable[..., Var]:
 softmax, log_softmax = _axis_op(O.softmax), _axis_op(O.logsoftmax)
 
 
-def concat(xs: Iterable[Var], axis: int = 0) -> Var:
+def concat(xs: Iterable[Operand], axis: int = 0) -> Var:
     """Join Vars along ``axis`` (a chain of binary ``concat`` nodes)."""
     xs = list(xs)
     if not xs or not builtins.any(isinstance(x, Var) for x in xs):
@@ -256,9 +292,9 @@ def concat(xs: Iterable[Var], axis: int = 0) -> Var:
                             f"{[type(x).__name__ for x in xs]}")
     tape = _tape(*xs)
     with tape._lifted():   # a failing join takes the constants and joins before it along
-        xs = [_var(x, tape, "concat", f"xs[{k}]") for k, x in enumerate(xs)]
-        out = xs[0]
-        for x in xs[1:]:
+        vs = [_var(x, tape, "concat", f"xs[{k}]") for k, x in enumerate(xs)]
+        out = vs[0]
+        for x in vs[1:]:
             if out.id < 0:
                 return out
             nd = builtins.max(out.ndim, 1)
@@ -266,7 +302,7 @@ def concat(xs: Iterable[Var], axis: int = 0) -> Var:
         return out
 
 
-def getitem(a: Var, key: Any) -> Var:
+def getitem(a: Var, key: Index) -> Var:
     """NumPy basic indexing (ints, slices with any step, ``None``, ``...``) plus one integer array
     (or integer data Var) index, as ``x[idx]`` for an embedding lookup: ``take`` along that axis.
 
@@ -345,7 +381,7 @@ def _getitem(a, key):
     return out
 
 
-def _scalar_index(k):
+def _scalar_index(k: object) -> TypeGuard[Union[int, np.integer]]:
     return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
 
 
@@ -412,7 +448,7 @@ def _install():
 _install()
 
 
-# ── special functions (ops_special) ─────────────────────────────────────────────
+# ── special functions (ops.special) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
 log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_sigmoid = (
@@ -438,7 +474,7 @@ log1p.__doc__ = """log(1 + a), elementwise, exact for tiny a where log(1 + a) wo
     """
 
 
-def atan2(a, b):
+def atan2(a: Operand, b: Operand) -> Var:
     """The angle of the point (b, a) in (−π, π], elementwise and broadcasting, as ``numpy.arctan2(a, b)``.
 
     >>> import numpy as np, tapegrad as tg
@@ -450,11 +486,12 @@ def atan2(a, b):
     return _binary(O.OPS["atan2"], None, a, b)
 
 
+_f: Callable[..., Var]   # the functions that are also Var methods, installed in the loops below
 for _f in (log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_sigmoid):
     setattr(Var, _f.__name__, _f)
 
 
-# ── scans and reductions (ops_scan) ─────────────────────────────────────────────
+# ── scans and reductions (ops.scan) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
 def _axis(opname, a, axis):
@@ -468,8 +505,8 @@ def _axis(opname, a, axis):
     return int(axis) % a.ndim
 
 
-def _scan(op):
-    def f(a, axis, reverse=False):
+def _scan(op) -> Scan:
+    def f(a: Var, axis: int, reverse: bool = False) -> Var:
         if a.id < 0:
             return a
         k = _axis(op.name, a, axis)
@@ -516,7 +553,7 @@ cummax.__doc__ = """Running maximum along ``axis`` (``reverse`` as in ``cumsum``
     """
 
 
-def sort(a, axis=-1):
+def sort(a: Var, axis: int = -1) -> Var:
     """Sort ascending along ``axis`` (stable; NaN last, as ``numpy.sort``). The gradient of each output goes
     back to the input it came from, through the stable argsort: of tied inputs, the earlier one receives
     the earlier output's gradient (as ``jax.grad`` of ``jnp.sort``).
@@ -555,7 +592,7 @@ def _moment(name, a, axis, ddof, keepdims):
     return a.tape.apply(O.divs, sum(c, axis, keepdims), None, float(n - ddof)), True
 
 
-def var(a, axis=None, ddof=0, keepdims=False):
+def var(a: Var, axis: Axis = None, ddof: int = 0, keepdims: bool = False) -> Var:
     """Variance over ``axis`` (None = all) with ``ddof`` delta degrees of freedom: a composite of registry
     ops computed in ``jnp.var``'s order — mean, centre, square, sum, divide by N − ddof — so it rounds as
     JAX's does wherever their sums add in the same order. ``ddof >= N`` is an error (JAX returns NaN).
@@ -569,7 +606,7 @@ def var(a, axis=None, ddof=0, keepdims=False):
     return _moment("var", a, axis, ddof, keepdims)[0]
 
 
-def std(a, axis=None, ddof=0, keepdims=False):
+def std(a: Var, axis: Axis = None, ddof: int = 0, keepdims: bool = False) -> Var:
     """Standard deviation: ``sqrt(var(a, axis, ddof, keepdims))``, as ``jnp.std``.
 
     >>> import numpy as np, tapegrad as tg
@@ -585,9 +622,9 @@ for _f in (cumsum, cumprod, cummax, sort, min, prod, logsumexp, var, std):
     setattr(Var, _f.__name__, _f)
 
 
-# ── selection and indexing (ops_index) ─────────────────────────────────────────────
+# ── selection and indexing (ops.index) ─────────────────────────────────────────────
 
-def where(mask, a, b):
+def where(mask: Data, a: Operand, b: Operand) -> Var:
     """``a`` where the bool ``mask`` holds, else ``b``, broadcasting all three (``jnp.where``).
 
     The branch not taken receives exact zeros in backward, so its values (a ``-inf`` mask fill) never
@@ -611,10 +648,10 @@ def where(mask, a, b):
         return tape.apply(OX.where, _var(a, tape), _var(b, tape), None, m)
 
 
-def take(a, indices, axis=0):
+def take(a: Var, indices: Data, axis: int = 0) -> Var:
     """``a`` gathered at integer ``indices`` along ``axis`` (``np.take``; an embedding lookup).
 
-    Indices are a data Var or an integer array; out-of-range indices raise (see ``tapegrad.ops_index``).
+    Indices are a data Var or an integer array; out-of-range indices raise (see ``tapegrad.ops.index``).
     The gradient is a scatter-add in increasing index position, the same on every backend.
     """
     if a.id < 0:
@@ -623,7 +660,7 @@ def take(a, indices, axis=0):
         return a.tape.apply(OX.take, a, _data(indices, a.tape, "i", "take", "indices"), _norm_axis(axis, a.ndim))
 
 
-def take_along_axis(a, indices, axis):
+def take_along_axis(a: Var, indices: Data, axis: int) -> Var:
     """``np.take_along_axis``: ``indices`` shaped like ``a`` except along ``axis``.
 
     >>> import tapegrad as tg, numpy as np
@@ -661,7 +698,7 @@ def _scatter_lifted(op, a, indices, values, axis):
     return tape.apply(op, a, v, ax, idx)
 
 
-def index_add(a, indices, values, axis=0):
+def index_add(a: Var, indices: Data, values: Operand, axis: int = 0) -> Var:
     """``a.at[indices].add(values)`` along ``axis``: repeated indices accumulate, in index order.
 
     >>> import tapegrad as tg, numpy as np
@@ -672,12 +709,12 @@ def index_add(a, indices, values, axis=0):
     return _scatter(OX.index_add, a, indices, values, axis)
 
 
-def index_set(a, indices, values, axis=0):
+def index_set(a: Var, indices: Data, values: Operand, axis: int = 0) -> Var:
     """``a.at[indices].set(values)`` along ``axis``; with repeated indices the last occurrence wins."""
     return _scatter(OX.index_set, a, indices, values, axis)
 
 
-def dynamic_slice(a, starts, sizes):
+def dynamic_slice(a: Var, starts: Data, sizes: Sequence[int]) -> Var:
     """``lax.dynamic_slice``: a window of ``sizes`` at data-dependent ``starts`` (clamped to fit)."""
     if a.id < 0:
         return a
@@ -686,7 +723,7 @@ def dynamic_slice(a, starts, sizes):
                             tuple(int(n) for n in sizes))
 
 
-def dynamic_update_slice(a, update, starts):
+def dynamic_update_slice(a: Var, update: Operand, starts: Data) -> Var:
     """``lax.dynamic_update_slice``: ``a`` with ``update`` written at ``starts`` (clamped to fit)."""
     if a.id < 0:
         return a
@@ -696,7 +733,7 @@ def dynamic_update_slice(a, update, starts):
         return tape.apply(OX.dynamic_update_slice, a, _var(update, tape), None, starts)
 
 
-def flip(a, axis=None):
+def flip(a: Var, axis: Axis = None) -> Var:
     """Reverse the order of elements along ``axis`` (an int, a tuple, or None for every axis): JAX's
     ``rev``, as a slice with step −1."""
     if a.id < 0:
@@ -712,7 +749,7 @@ def flip(a, axis=None):
                                                  for d, n in enumerate(a.shape)))
 
 
-def stack(xs, axis=0):
+def stack(xs: Iterable[Var], axis: int = 0) -> Var:
     """Join Vars of one shape along a new ``axis`` (reshape each, then ``concat``)."""
     xs = list(xs)
     if not xs:
@@ -725,7 +762,7 @@ def stack(xs, axis=0):
     return concat([reshape(x, x.shape[:ax] + (1,) + x.shape[ax:]) for x in xs], axis=ax)
 
 
-def split(a, indices_or_sections, axis=0):
+def split(a: Var, indices_or_sections: Ints, axis: int = 0) -> list[Var]:
     """``np.split``: a list of slices of ``a`` along ``axis`` (equal sections, or at the given indices)."""
     if a.id < 0:
         return [a]
@@ -741,7 +778,7 @@ def split(a, indices_or_sections, axis=0):
                                             f"into {k} equal sections"))]
         cuts = [n // k * q for q in range(1, k)]
     else:
-        cuts = [int(c) for c in indices_or_sections]
+        cuts = [int(c) for c in cast(Sequence[int], indices_or_sections)]
     bounds = list(zip([0] + cuts, cuts + [n]))
     full = [(0, m, 1) for m in a.shape]
     return [a.tape.apply(O.slice, a, None, tuple(full[:ax] + [(lo, hi, 1)] + full[ax + 1:])) for lo, hi in bounds]
@@ -753,11 +790,11 @@ def _norm_axis(axis, nd):
     return axis
 
 
-Var.take = take
-Var.flip = flip
+for _f in (take, flip):
+    setattr(Var, _f.__name__, _f)
 
 
-# ── convolution and pooling (ops_conv) ─────────────────────────────────────────────
+# ── convolution and pooling (ops.conv) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
 _CONV_LAYOUTS = {"NCHW": "NCHW", "NHWC": "NHWC", "NCW": "NCHW", "NWC": "NHWC", "NCDHW": "NCHW", "NDHWC": "NHWC"}
@@ -800,7 +837,8 @@ def _resolve_padding(opname, tape, padding, sizes, window, strides):
     return pads
 
 
-def conv(x, w, stride=1, padding="VALID", lhs_dilation=1, rhs_dilation=1, groups=1, layout="NCHW"):
+def conv(x: Operand, w: Operand, stride: Ints = 1, padding: Padding = "VALID", lhs_dilation: Ints = 1,
+         rhs_dilation: Ints = 1, groups: int = 1, layout: str = "NCHW") -> Var:
     """N-D convolution (1-D, 2-D, 3-D, ...): ``jax.lax.conv_general_dilated`` on the tape.
 
     Layout "NCHW": ``x`` is (N, C, *spatial) and the kernel ``w`` is (O, C/groups, *k) (OIHW);
@@ -825,7 +863,7 @@ def conv(x, w, stride=1, padding="VALID", lhs_dilation=1, rhs_dilation=1, groups
     """
     tape = _tape(x, w)
     if builtins.any(isinstance(v, Var) and v.id < 0 for v in (x, w)):
-        return x if isinstance(x, Var) and x.id < 0 else w
+        return x if isinstance(x, Var) and x.id < 0 else cast(Var, w)
     xs, ws_ = (v.shape if isinstance(v, Var) else np.shape(v) for v in (x, w))
     try:
         if layout not in _CONV_LAYOUTS or (len(layout) != len(xs) and layout not in ("NCHW", "NHWC")):
@@ -846,7 +884,7 @@ def conv(x, w, stride=1, padding="VALID", lhs_dilation=1, rhs_dilation=1, groups
         pads = _resolve_padding("conv", tape, padding, sizes, [(n - 1) * r + 1 for n, r in zip(k, rd)], st)
         groups = int(groups) if isinstance(groups, (int, np.integer)) else groups
         s = (lay, st, pads, ld, rd, groups)
-        O.ops_conv.geometry(tuple(xs), tuple(ws_), s)   # before lifting arrays: a failure leaves the tape as it was
+        O.conv.geometry(tuple(xs), tuple(ws_), s)   # before lifting arrays: a failure leaves the tape as it was
     except Bad as e:
         return tape._fail(ShapeError(f"{at('conv', len(tape))}: {e}"))
     except ShapeError as e:
@@ -881,8 +919,9 @@ def _pool_args(opname, x, window, strides, padding, layout):
     return win, st, pads
 
 
-def _pool(op):
-    def f(x, window, strides=None, padding="VALID", layout=None):
+def _pool(op) -> Pool:
+    def f(x: Var, window: Ints, strides: Optional[Ints] = None, padding: Padding = "VALID",
+          layout: Optional[str] = None) -> Var:
         if x.id < 0:
             return x
         try:
@@ -927,7 +966,8 @@ sum_pool.__doc__ = """Sum pooling: ``jax.lax.reduce_window(x, 0, lax.add, window
     """
 
 
-def avg_pool(x, window, strides=None, padding="VALID", layout=None):
+def avg_pool(x: Var, window: Ints, strides: Optional[Ints] = None, padding: Padding = "VALID",
+             layout: Optional[str] = None) -> Var:
     """Average pooling: ``sum_pool`` divided by the window size (a composite of ``sum_pool`` and ``divs``).
 
     Padding counts as zeros in the average (``count_include_pad=True``, flax's ``avg_pool`` default);
@@ -949,9 +989,9 @@ def avg_pool(x, window, strides=None, padding="VALID", layout=None):
     return y if y.id < 0 else y.tape.apply(O.divs, y, None, float(math.prod(s[0])))
 
 
-# ── linear algebra (ops_linalg) ─────────────────────────────────────────────
+# ── linear algebra (ops.linalg) ─────────────────────────────────────────────
 
-def cholesky(a):
+def cholesky(a: Operand) -> Var:
     """The lower Cholesky factor L of a symmetric positive definite matrix: L·Lᵀ = (a + aᵀ)/2.
 
     ``a`` is (…, n, n); leading axes are a batch. The input is symmetrised first, as
@@ -969,7 +1009,8 @@ def cholesky(a):
     return tape.apply(O.OPS["cholesky"], _var(a, tape))
 
 
-def triangular_solve(a, b, left_side=True, lower=True, transpose_a=False, unit_diagonal=False):
+def triangular_solve(a: Operand, b: Operand, left_side: bool = True, lower: bool = True, transpose_a: bool = False,
+                     unit_diagonal: bool = False) -> Var:
     """x with op(a)·x = b (``left_side``) or x·op(a) = b, a triangular; op(a) = aᵀ when ``transpose_a``.
 
     The flags are ``jax.lax.linalg.triangular_solve``'s, with the same meaning; the defaults differ
@@ -993,7 +1034,7 @@ def triangular_solve(a, b, left_side=True, lower=True, transpose_a=False, unit_d
     return tape.apply(O.OPS["triangular_solve"], _var(a, tape), _var(b, tape), s)
 
 
-def solve(a, b):
+def solve(a: Operand, b: Operand) -> Var:
     """x with a·x = b for a square ``a`` (…, n, n): LU with partial pivoting (LAPACK ``gesv``).
 
     ``b`` is (…, n, k) with a's batch axes, or a vector (n,) when ``a`` is one matrix (NumPy 2's rule).
@@ -1020,7 +1061,7 @@ def solve(a, b):
     return tape.apply(O.OPS["solve"], a, b)
 
 
-def logdet(a):
+def logdet(a: Operand) -> Var:
     """log det of a symmetric positive definite matrix, 2·Σ log diag L with L = cholesky(a).
 
     ``a`` is (…, n, n) (read as (a + aᵀ)/2, like ``cholesky``); the result has the batch shape. The
@@ -1042,7 +1083,7 @@ def logdet(a):
     return tape.apply(O.OPS["logdet"], _var(a, tape))
 
 
-def slogdet(a):
+def slogdet(a: Operand) -> tuple[Var, Var]:
     """(sign, log|det a|) of a general square matrix, as ``numpy.linalg.slogdet``: two Vars.
 
     Both come from the LU factors (LAPACK ``getrf``): the sign is Π sign(Uᵢᵢ) times −1 per row

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from tapegrad.native import runner
+from tapegrad import blas
 
 threadpoolctl = pytest.importorskip("threadpoolctl")
 
@@ -21,7 +21,7 @@ def _ddot(addr, bits, x, y):
 
 def test_numpy_blas_is_the_library_threadpoolctl_reports():
     reported = {d["filepath"] for d in threadpoolctl.threadpool_info() if d["user_api"] == "blas"}
-    found = runner._numpy_blas("d")
+    found = blas._numpy_blas("d")
     if found is None:
         assert not any("numpy" in p for p in reported), reported
         pytest.skip("this NumPy ships no BLAS of its own (linked against a system library)")
@@ -34,19 +34,19 @@ def test_numpy_blas_is_the_library_threadpoolctl_reports():
 
 def test_scipy_pointers_when_threadpoolctl_reports_no_numpy_blas(monkeypatch):
     monkeypatch.setattr(threadpoolctl, "threadpool_info", lambda: [])
-    monkeypatch.setattr(runner, "_BLAS", {})
-    assert runner._numpy_blas("d") is None
-    gemm, dot, bits, where = runner.blas_pointers(np.float64)
+    monkeypatch.setattr(blas, "_BLAS", {})
+    assert blas._numpy_blas("d") is None
+    gemm, dot, bits, where = blas.blas_pointers(np.float64)
     assert where == "scipy.linalg.cython_blas" and bits == 32
     x = np.arange(4.0)
     assert _ddot(dot, bits, x, x) == 14.0
 
 
 def test_the_blas_choice_is_logged_once(caplog, monkeypatch):
-    monkeypatch.setattr(runner, "_BLAS", {})
+    monkeypatch.setattr(blas, "_BLAS", {})
     with caplog.at_level("INFO", logger="tapegrad"):
-        first = runner.blas_pointers(np.float64)
-        assert runner.blas_pointers(np.float64) == first          # cached: no second line
+        first = blas.blas_pointers(np.float64)
+        assert blas.blas_pointers(np.float64) == first          # cached: no second line
     lines = [r.getMessage() for r in caplog.records if r.name == "tapegrad" and "BLAS for" in r.getMessage()]
     assert lines == [f"BLAS for float64 programs: {first[3]} ({first[2]}-bit integers)"
                      + ("" if "numpy" in first[3] else " (SciPy's: NumPy's BLAS was not found)")]

@@ -46,7 +46,6 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import tapegrad as tg
 from tapegrad import ops as O
-from tapegrad import ops_conv, ops_index, ops_linalg, ops_scan, ops_special
 
 from test_native import within
 
@@ -63,7 +62,7 @@ NOVERIFY = {"verify": False} if "verify" in inspect.signature(tg.capture).parame
 
 # Samplers whose inputs may be any real value, so a generator may feed them an earlier node's value
 # instead of a fresh leaf (the others — positive, near0, spd, ... — describe a domain the op needs).
-ANY_REAL = {O.real, O.spread, O.between, O.away0, ops_special.wide}
+ANY_REAL = {O.real, O.spread, O.between, O.away0, O.special.wide}
 # Ops that read a −inf entry of a row that also holds a finite one as a finite result and gradient (an
 # attention mask): the generator sometimes feeds them where(mask, x, −inf).
 MINUS_INF = ("softmax", "logsoftmax", "logsumexp", "max")
@@ -453,14 +452,14 @@ def gen_solve(g, op):
 
 
 GENERATORS = {
-    O.same: gen_unary, O.broadcast: gen_binary, ops_index.where_shape: gen_where, O.reduced: gen_reduce,
-    O.axis_shape: gen_axis, ops_scan.scan_shape: gen_scan, ops_scan.sort_shape: gen_sort, O.xent_shape: gen_xent,
+    O.same: gen_unary, O.broadcast: gen_binary, O.index.where_shape: gen_where, O.reduced: gen_reduce,
+    O.axis_shape: gen_axis, O.scan.scan_shape: gen_scan, O.scan.sort_shape: gen_sort, O.xent_shape: gen_xent,
     O.matmul_shape: gen_matmul, O.bmm_shape: gen_bmm, O.transpose_shape: gen_transpose,
     O.reshape_shape: gen_reshape, O.broadcast_to_shape: gen_broadcast_to, O.slice_shape: gen_slice,
-    O.concat_shape: gen_concat, ops_index.take_shape: gen_take, ops_index.along_shape: gen_along,
-    ops_index.scatter_shape: gen_scatter, ops_index.dslice_shape: gen_dslice, ops_index.dus_shape: gen_dus,
-    ops_conv.conv_shape: gen_conv, ops_conv.pool_shape: gen_pool, ops_linalg.cholesky_shape: gen_matrix,
-    ops_linalg.logdet_shape: gen_matrix, ops_linalg.trisolve_shape: gen_trisolve, ops_linalg.solve_shape: gen_solve,
+    O.concat_shape: gen_concat, O.index.take_shape: gen_take, O.index.along_shape: gen_along,
+    O.index.scatter_shape: gen_scatter, O.index.dslice_shape: gen_dslice, O.index.dus_shape: gen_dus,
+    O.conv.conv_shape: gen_conv, O.conv.pool_shape: gen_pool, O.linalg.cholesky_shape: gen_matrix,
+    O.linalg.logdet_shape: gen_matrix, O.linalg.trisolve_shape: gen_trisolve, O.linalg.solve_shape: gen_solve,
 }
 GENERATED = [op for op in O.OPS.values() if op.arity and op.shape in GENERATORS and op.name not in NOT_GENERATED]
 FAMILIES = {rule: [op for op in GENERATED if op.shape is rule] for rule in GENERATORS}

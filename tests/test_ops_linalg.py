@@ -18,7 +18,7 @@ import pytest
 import tapegrad as tg
 from tapegrad import ops as O
 from tapegrad.native import build
-from tapegrad.ops_linalg import TRI_FLAGS, general, spd, triangular
+from tapegrad.ops.linalg import TRI_FLAGS, general, spd, triangular
 
 LINALG = [o for o in O.OPS.values() if o.kind == "linalg"]
 
@@ -297,7 +297,7 @@ def test_scipy_cython_lapack_fallback(tmp_path):
     """With TAPEGRAD_BLAS=scipy the ops call SciPy's Cython LAPACK exports (32-bit integers) on the tape
     and in the native program alike, still ==."""
     code = ("import numpy as np, tapegrad as tg\n"
-            "from tapegrad.ops_linalg import lapack, spd, general\n"
+            "from tapegrad.ops.linalg import lapack, spd, general\n"
             "r = np.random.default_rng(0); t = tg.Tape()\n"
             "a = t.param(spd(r, (4, 4))); m = t.param(general(r, (4, 4))); b = t.param(r.standard_normal((4, 2)))\n"
             "x = tg.solve(m, tg.triangular_solve(tg.cholesky(a), b, transpose_a=True))\n"

@@ -54,7 +54,7 @@ MODULES = {
     "replay": ("tapegrad/replay.py", ["tests/test_capture.py", "tests/test_capture_errors.py", "tests/test_tape_sweep.py",
                                       "tests/test_optim_continuity.py", "tests/test_capture_inputs.py",
                                       "tests/test_replay_paths.py"]),
-    "ops": ("tapegrad/ops.py", ["tests/test_ops.py", "tests/test_tape.py", "tests/test_native_reductions.py",
+    "ops": ("tapegrad/ops/core.py", ["tests/test_ops.py", "tests/test_tape.py", "tests/test_native_reductions.py",
                                 "tests/test_ops_helpers.py", "tests/test_ops_shapes.py", "tests/test_readme.py",
                                 "tests/test_bad_input_tape.py"]),
     "fuse": ("tapegrad/native/fuse.py", ["tests/test_fuse.py", "tests/test_fuse_edges.py", "tests/test_native_reductions.py"]),
@@ -81,6 +81,8 @@ MODULES = {
     "dlpack": ("interop/dlpack.py", ["tests/test_dlpack_gpu.py", "tests/test_interop.py", "tests/test_interop_edges.py",
                                      "tests/test_bad_input_interop.py"]),
 }
+# the registry (the Op record, the table, the test domains) is read by the same tests as the core ops
+MODULES["ops_registry"] = ("tapegrad/ops/registry.py", MODULES["ops"][1])
 # The GPU backend's modules are named on the command line (make mutants MUTANTS="gpu ..."); the default
 # run is the core, which is meant to finish in under an hour on 2 cores.
 GPU = ["gpu", "ordered", "gpu_runner", "gpu_host", "gpu_rowspace", "gpu_conv", "gpu_index", "gpu_linalg", "gpu_more",

@@ -19,7 +19,7 @@ output position). Within the "blas" bound of the native program, like bmm.
 """
 import math
 
-from ..ops_conv import geometry, pool_geometry
+from ..ops.conv import geometry, pool_geometry
 from ..native.kernels import strides
 
 

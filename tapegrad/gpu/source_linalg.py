@@ -6,7 +6,7 @@ running the textbook serial algorithm: Cholesky–Crout by columns, LU with part
 largest |entry| as pivot, as getrf's idamax), forward and back substitution, every sum serial in index
 order. The results agree with the native program within the "blas" bound (stated and tested in
 ``tests/test_gpu_ops_more.py``), not bit for bit. The formulas around them are the registry's
-(``tapegrad/ops_linalg.py``: Murray's Cholesky gradient, Giles's inverse-product and determinant rules).
+(``tapegrad/ops/linalg.py``: Murray's Cholesky gradient, Giles's inverse-product and determinant rules).
 
 As in the native program, a matrix that is not positive definite (cholesky, logdet) or exactly singular
 (solve) fills the whole node's value with NaN: the per-matrix kernel raises a flag in scratch S4 and a
@@ -142,7 +142,7 @@ def _nan_fill(g, k, nb):
 
 
 def _sym(g, dst, src, n, lower_only):
-    """dst = (src + srcᵀ)·½ (only its lower triangle, zeros above, with ``lower_only``: ops_linalg.sym_lower)."""
+    """dst = (src + srcᵀ)·½ (only its lower triangle, zeros above, with ``lower_only``: ops.linalg.sym_lower)."""
     e = g.mul(g.add(f"{src}[r * {n}L + c]", f"{src}[c * {n}L + r]"), g.d.lit(0.5))
     if lower_only:
         e = f"c <= r ? {e} : {g.d.lit(0.0)}"

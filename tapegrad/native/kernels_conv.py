@@ -1,6 +1,6 @@
 """The native C of the conv family's ops: printers registered into ``kernels.FORWARD``/``BACKWARD``.
 
-Each printer makes the BLAS calls of its NumPy rule in ``tapegrad.ops_conv`` (same shapes, same
+Each printer makes the BLAS calls of its NumPy rule in ``tapegrad.ops.conv`` (same shapes, same
 transposition flags, contiguous operands) and replaces the data movement around them by the runtime's
 ``tg_im2col``/``tg_col2im``/``tg_pool``/``tg_swap01`` (runtime_conv.c). So on the BLAS
 NumPy itself calls, a conv replays the tape to the bit whenever NumPy takes its GEMM path (every GEMM
@@ -17,7 +17,7 @@ the path that reproduces NumPy's bits, so it is the only one kept.
 import math
 
 from ..errors import TapeError, at
-from ..ops_conv import geometry, pool_geometry
+from ..ops.conv import geometry, pool_geometry
 from . import kernels
 from .kernels import c_array as _arr
 
@@ -85,7 +85,7 @@ def conv_scratch(p, k):
 
 
 def _regroup_g(n, geo, dst):
-    """The cotangent as the GEMMs read it (``ops_conv._gfirst``): returns (lines, buffer)."""
+    """The cotangent as the GEMMs read it (``ops.conv._gfirst``): returns (lines, buffer)."""
     npn = geo.n * geo.p
     if not geo.last:
         return _swap(dst, n.G, geo.o, geo.n, geo.p), dst
@@ -95,7 +95,7 @@ def _regroup_g(n, geo, dst):
 
 
 def _regroup_w(n, geo, dst):
-    """The HWIO kernel as (G, K·Cg, Og) (``ops_conv._wgroups``, channels last with groups)."""
+    """The HWIO kernel as (G, K·Cg, Og) (``ops.conv._wgroups``, channels last with groups)."""
     if geo.g == 1:
         return [], n.B
     return _swap(dst, n.B, geo.g, geo.kk * geo.cg, geo.og), dst

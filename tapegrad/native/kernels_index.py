@@ -1,6 +1,6 @@
 """The native C of the index family's ops: printers registered into ``kernels.FORWARD``/``BACKWARD``.
 
-Each mirrors its NumPy rule in ``tapegrad.ops_index``: gathers copy, every scatter-add runs over index
+Each mirrors its NumPy rule in ``tapegrad.ops.index``: gathers copy, every scatter-add runs over index
 positions in increasing order as ``numpy.add.at`` does (``runtime_index.c``), so the index family is
 exact: a program equals the tape bit for bit.
 """

@@ -1,6 +1,6 @@
 """The native C of the linalg family's ops: printers registered into ``kernels.FORWARD``/``BACKWARD``.
 
-Each printer calls one ``runtime_linalg.c`` kernel that repeats the NumPy rule of ``tapegrad.ops_linalg``
+Each printer calls one ``runtime_linalg.c`` kernel that repeats the NumPy rule of ``tapegrad.ops.linalg``
 call for call through the LAPACK table at ``T[5]``. Scratch: the forward may use S0..S2; a backward
 printer leaves S0 alone (it may be ``n.dst``).
 """
@@ -36,7 +36,7 @@ def trisolve_fwd(n):
 
 
 def trisolve_bbar(n, to):
-    """B̄ = the same solve with the transpose flag flipped, applied to g (ops_linalg.trisolve_db)."""
+    """B̄ = the same solve with the transpose flag flipped, applied to g (ops.linalg.trisolve_db)."""
     left, lower, trans, unit = n.s
     nb = math.prod(n.ash[:-2])
     m, c = n.bsh[-2:]

@@ -1,6 +1,6 @@
 """The native C of the scan family's ops: printers registered into ``kernels.FORWARD``/``BACKWARD``.
 
-Tiers (``tapegrad.ops_scan``): cumsum, cumprod, cummax, sort and min replay == the tape (sequential
+Tiers (``tapegrad.ops.scan``): cumsum, cumprod, cummax, sort and min replay == the tape (sequential
 scans in NumPy's order, comparisons, data movement); prod follows NumPy's sequential multiply reduction
 through ``tg_reduce`` (== as well, tier "order" like ``sum``); logsumexp calls exp/log ("libm").
 """

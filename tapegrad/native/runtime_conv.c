@@ -4,7 +4,7 @@
  *   cv  = {nsp, last, N, C, G, in[nsp], k[nsp], o[nsp]}   (pooling: {nd, 0, 1, 1, 1, in[nd], w[nd], o[nd]})
  *   tab = per spatial dim d, per kernel/window index j, per output index m: the input index read there,
  *         or -1 where that is padding or an lhs-dilation hole.
- * Everything here is data movement or an addition in the order of ops_conv.py's NumPy rules: kernel
+ * Everything here is data movement or an addition in the order of ops/conv.py's NumPy rules: kernel
  * (window) positions in row-major order, each position's additions landing on distinct elements. */
 
 typedef struct {

@@ -1,7 +1,7 @@
 /* tapegrad native runtime: kernels of the linalg family (included after runtime.c).
  *
  * T[5] is the LAPACK table (tapegrad.native.runner.lapack_pointers): potrf getrf gesv trsm trmm gemm, from the library the BLAS comes from, so its integers are tg_bint. Each tg_la_* call passes
- * exactly the arguments tapegrad.ops_linalg.Lapack passes on the tape: row-major buffers read as their
+ * exactly the arguments tapegrad.ops.linalg.Lapack passes on the tape: row-major buffers read as their
  * column-major transposes. On a LAPACK failure (a matrix that is not positive definite, or singular)
  * the node's value is filled with NaN: a C caller has no exception to catch, and NaN cannot be
  * mistaken for a result.
@@ -14,7 +14,7 @@ typedef void (*tg_trsm_t)(char *, char *, char *, char *, tg_bint *, tg_bint *, 
 enum { TG_POTRF, TG_GETRF, TG_GESV, TG_TRSM, TG_TRMM, TG_GEMM };
 #define TG_LA(T, r) (((void **)(T)[5])[r])
 
-/* w = the lower triangle of (a + aᵀ)·½, zeros above (ops_linalg.sym_lower). */
+/* w = the lower triangle of (a + aᵀ)·½, zeros above (ops.linalg.sym_lower). */
 TG_FN void tg_la_symlower(const real *a, real *w, long n)
 {
     for (long i = 0; i < n; i++)
@@ -40,7 +40,7 @@ TG_FN long tg_la_getrf(void **T, real *w, tg_bint *ipiv, long n)
     return (long)info;
 }
 
-/* M·X = B on column-major views: w (n×n) holds Mᵀ row-major, bt (k×n) holds B row-major (ops_linalg). */
+/* M·X = B on column-major views: w (n×n) holds Mᵀ row-major, bt (k×n) holds B row-major (ops.linalg). */
 TG_FN long tg_la_gesv(void **T, real *w, tg_bint *ipiv, real *bt, long n, long k)
 {
     tg_bint N = n, K = k, info = 0;
@@ -48,7 +48,7 @@ TG_FN long tg_la_gesv(void **T, real *w, tg_bint *ipiv, real *bt, long n, long k
     return (long)info;
 }
 
-/* row-major c = m⁻ᵀ (ops_linalg.inverse): gesv on the identity with w = mᵀ. */
+/* row-major c = m⁻ᵀ (ops.linalg.inverse): gesv on the identity with w = mᵀ. */
 TG_FN void tg_la_inverse(void **T, const real *m, real *w, tg_bint *ipiv, real *c, long n)
 {
     for (long i = 0; i < n; i++)
@@ -69,7 +69,7 @@ TG_FN void tg_la_tri(void **T, int r, int left, int lower, int trans, int unit, 
     ((tg_trsm_t)TG_LA(T, r))(&side, &uplo, &tr, &dg, &cm, &cn, &one, (real *)a, &lda, b, &cm);
 }
 
-/* row-major c (m×n) = alpha·op(a)·op(b), inner dimension k (ops_linalg.Lapack.gemm). */
+/* row-major c (m×n) = alpha·op(a)·op(b), inner dimension k (ops.linalg.Lapack.gemm). */
 TG_FN void tg_la_gemm(void **T, int ta, int tb, real alpha, const real *a, const real *b, real *c, long m, long n,
                       long k)
 {
@@ -79,7 +79,7 @@ TG_FN void tg_la_gemm(void **T, int ta, int tb, real alpha, const real *a, const
     ((tg_gemm_t)TG_LA(T, TG_GEMM))(&tB, &tA, &N, &M, &K, &alpha, (real *)b, &ldb, (real *)a, &lda, &zero, c, &N);
 }
 
-/* zero the entries of a row-major n×n c outside the triangle a solve reads (ops_linalg.trisolve_da). */
+/* zero the entries of a row-major n×n c outside the triangle a solve reads (ops.linalg.trisolve_da). */
 TG_FN void tg_la_keep_triangle(real *c, long n, int lower, int unit)
 {
     for (long i = 0; i < n; i++)
@@ -159,7 +159,7 @@ TG_FN void tg_trisolve_da(void **T, int left, int lower, int trans, int unit, co
     }
 }
 
-/* solve: x = a⁻¹ b by gesv on column-major copies (ops_linalg.solve_fwd); w: n×n, bt: k×n, ipiv: n. */
+/* solve: x = a⁻¹ b by gesv on column-major copies (ops.linalg.solve_fwd); w: n×n, bt: k×n, ipiv: n. */
 TG_FN void tg_solve(void **T, const real *a, const real *b, real *x, real *w, real *bt, tg_bint *ipiv, long nb,
                     long n, long k)
 {
@@ -180,7 +180,7 @@ TG_FN void tg_solve(void **T, const real *a, const real *b, real *x, real *w, re
     }
 }
 
-/* B̄ᵀ = (a⁻ᵀ g)ᵀ for each matrix (ops_linalg.solve_bbar): yt is nb × k×n. */
+/* B̄ᵀ = (a⁻ᵀ g)ᵀ for each matrix (ops.linalg.solve_bbar): yt is nb × k×n. */
 TG_FN void tg_solve_bbar(void **T, const real *a, const real *g, real *yt, real *w, tg_bint *ipiv, long nb, long n,
                          long k)
 {
@@ -193,7 +193,7 @@ TG_FN void tg_solve_bbar(void **T, const real *a, const real *g, real *yt, real 
     }
 }
 
-/* logdet: 2·Σ log Lᵢᵢ summed in order in double with the C library's log, rounded once (ops_linalg). */
+/* logdet: 2·Σ log Lᵢᵢ summed in order in double with the C library's log, rounded once (ops.linalg). */
 TG_FN void tg_logdet(void **T, const real *a, real *out, real *w, long nb, long n)
 {
     for (long q = 0; q < nb; q++) {
@@ -209,7 +209,7 @@ TG_FN void tg_logdet(void **T, const real *a, real *out, real *w, long nb, long 
     }
 }
 
-/* logdet_da: c = g · sym(m⁻ᵀ), m = (a + aᵀ)/2 (ops_linalg.logdet_da); w, m: n×n scratch. */
+/* logdet_da: c = g · sym(m⁻ᵀ), m = (a + aᵀ)/2 (ops.linalg.logdet_da); w, m: n×n scratch. */
 TG_FN void tg_logdet_da(void **T, const real *a, const real *g, real *c, real *w, real *m, tg_bint *ipiv, long nb,
                         long n)
 {
@@ -229,7 +229,7 @@ TG_FN void tg_logdet_da(void **T, const real *a, const real *g, real *c, real *w
 }
 
 /* logabsdet: Σ log|Uᵢᵢ| of the LU factors in order in double (log 0 = −inf); det_sign: Π sign(Uᵢᵢ) times
- * −1 per row interchange (ops_linalg.logabsdet_fwd / det_sign_fwd). */
+ * −1 per row interchange (ops.linalg.logabsdet_fwd / det_sign_fwd). */
 TG_FN void tg_slogdet(void **T, int sign, const real *a, real *out, real *w, tg_bint *ipiv, long nb, long n)
 {
     for (long q = 0; q < nb; q++) {
@@ -247,7 +247,7 @@ TG_FN void tg_slogdet(void **T, int sign, const real *a, real *out, real *w, tg_
     }
 }
 
-/* logabsdet_da: c = g · A⁻ᵀ (ops_linalg.logabsdet_da). */
+/* logabsdet_da: c = g · A⁻ᵀ (ops.linalg.logabsdet_da). */
 TG_FN void tg_logabsdet_da(void **T, const real *a, const real *g, real *c, real *w, tg_bint *ipiv, long nb, long n)
 {
     for (long q = 0; q < nb; q++) {

@@ -2,7 +2,7 @@
  *
  * An array is viewed as (outer, m, inner) around the scanned axis of length m: element (o, j, i) lies at
  * (o·m + j)·inner + i. A reverse scan visits j = m − 1 … 0. Each kernel repeats its NumPy rule in
- * tapegrad/ops_scan.py operation by operation; NumPy's accumulations are sequential, and so are these.
+ * tapegrad/ops/scan.py operation by operation; NumPy's accumulations are sequential, and so are these.
  */
 
 #define TG_AT(o, j, i) (((o) * m + (rev ? m - 1 - (j) : (j))) * inner + (i))

@@ -1,6 +1,6 @@
 """Convolution and pooling: N-D convolution (strides, padding, dilations, feature groups), max and sum pooling.
 
-Registry entries of this family (see ``tapegrad.ops`` for what an entry holds).
+Registry entries of this family (see ``tapegrad.ops.registry`` for what an entry holds).
 
 ``conv`` is computed as im2col + one GEMM per feature group, so the NumPy forward and the native
 program make the very same BLAS calls (same shapes, same transposition flags, contiguous operands);
@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .ops import Bad, op, real, spread
+from .registry import Bad, op, real, spread
 
 LAYOUTS = ("NCHW", "NHWC")
 

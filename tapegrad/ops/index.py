@@ -1,6 +1,6 @@
 """Selection and indexing: where, take, gathers and scatters, dynamic slices.
 
-Registry entries of this family (see ``tapegrad.ops`` for what an entry holds). Indices and masks are
+Registry entries of this family (see ``tapegrad.ops.registry`` for what an entry holds). Indices and masks are
 data inputs (``tape.const`` of an integer or bool array). Conventions, chosen once for every backend:
 
 - An index outside ``[-n, n)`` is an error (on the tape at the op, in a program at ``set_input``);
@@ -16,7 +16,7 @@ import builtins
 
 import numpy as np
 
-from .ops import Bad, op, real
+from .registry import Bad, op, real
 
 _mask_rng = np.random.default_rng(11)
 

@@ -1,8 +1,8 @@
 """Linear algebra by LAPACK: cholesky, triangular_solve, solve, logdet.
 
-Registry entries of this family (see ``tapegrad.ops`` for what an entry holds). Every factorisation and
+Registry entries of this family (see ``tapegrad.ops.registry`` for what an entry holds). Every factorisation and
 triangular product is one call of a LAPACK/BLAS routine through the function table that a native
-program receives at ``ctx[5]`` (``tapegrad.native.runner.lapack_pointers``): the tape calls the very
+program receives at ``ctx[5]`` (``tapegrad.blas.lapack_pointers``): the tape calls the very
 addresses, with the very arguments, that the generated C passes (``runtime_linalg.c`` mirrors ``Lapack``
 below call for call), so a native replay reproduces the tape bit for bit. Everything else these ops do
 (symmetrising, masking a triangle, halving a diagonal, transposing copies) is IEEE-exact.
@@ -26,7 +26,8 @@ import math
 
 import numpy as np
 
-from .ops import Bad, op, real
+from ..blas import LAPACK_ROUTINES, lapack_pointers
+from .registry import Bad, op, real
 
 # ── the LAPACK table, called from Python ─────────────────────────────────────
 
@@ -35,7 +36,7 @@ _TRI = {}   # (n, k) -> the boolean mask of entries strictly above diagonal k (n
 
 
 def lapack(dtype):
-    """The ``Lapack`` caller for ``dtype`` (built once; the table itself is ``runner.lapack_pointers``)."""
+    """The ``Lapack`` caller for ``dtype`` (built once; the table itself is ``blas.lapack_pointers``)."""
     la = _TABLES.get(dtype)
     if la is None:
         la = _TABLES[dtype] = Lapack(np.dtype(dtype).name)
@@ -50,7 +51,6 @@ class Lapack:
     """
 
     def __init__(self, dtype):
-        from .native.runner import LAPACK_ROUTINES, lapack_pointers
         table, bits, self.where = lapack_pointers(dtype)
         self.int = np.dtype(np.int64 if bits == 64 else np.int32)
         self.dtype = np.dtype(dtype)

@@ -1,6 +1,6 @@
 """Scans and reductions beyond sum/mean/max: cumulative sums, products and maxima, sort, min, prod, logsumexp.
 
-Registry entries of this family (see ``tapegrad.ops`` for what an entry holds). A scan's static operand
+Registry entries of this family (see ``tapegrad.ops.registry`` for what an entry holds). A scan's static operand
 is ``(axis, reverse)``; ``reverse=True`` scans from the end of the axis (as ``lax.cumsum(..., reverse=True)``).
 NumPy's accumulations (``np.add.accumulate``, ``np.multiply.accumulate``, ``np.maximum.accumulate``)
 and its product reduction are sequential loops, so each rule below fixes one order of rounding, which
@@ -11,7 +11,8 @@ import math
 
 import numpy as np
 
-from .ops import RED, Bad, away0, keepdims, max_da, op, real, reduced, spread
+from .core import RED, keepdims, max_da, reduced
+from .registry import Bad, away0, op, real, spread
 
 
 def scan_shape(a, b, s):

@@ -1,6 +1,6 @@
 """Special functions: log1p, expm1, erf, erfc, lgamma, digamma, trigonometric and hyperbolic functions, softplus.
 
-Registry entries of this family (see ``tapegrad.ops`` for what an entry holds). Forwards are NumPy's
+Registry entries of this family (see ``tapegrad.ops.registry`` for what an entry holds). Forwards are NumPy's
 ufuncs, or SciPy's (``scipy.special``) where NumPy has none; the C forms call the C library's function of
 the same name (digamma and trigamma, which the C library lacks, are ``tg_digamma``/``tg_trigamma`` in the
 native runtime: a Taylor series around ψ's root, a recurrence, the asymptotic series). All are tier "libm": NumPy's
@@ -9,7 +9,8 @@ SIMD libm, SciPy's Cephes and the C library each round their own way.
 import numpy as np
 import scipy.special as sc
 
-from .ops import UN, BIN, away0, into, op, positive, real, same, broadcast
+from .core import BIN, UN, broadcast, into, same
+from .registry import away0, op, positive, real
 
 # 2/√π, the constant of d erf/dx = 2/√π · e^(−x²)
 TWO_OVER_SQRTPI = 1.1283791670955126

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
-__all__ = ["jax", "jnp", "JAXLIB", "CPU_FUSION_EMITTERS_SWITCH", "x64_enabled", "varying", "align_varying"]
+__all__ = ["jax", "jnp", "JAXLIB", "CPU_FUSION_EMITTERS_SWITCH", "scan_counts", "x64_enabled", "varying",
+           "align_varying"]
 
 
 def release(version):
@@ -31,6 +32,18 @@ JAXLIB = release(jaxlib.__version__)
 # XLA's compile option `xla_cpu_use_fusion_emitters` (False: its older, faster-to-compile CPU fusion
 # emitters) exists up to jaxlib 0.11.0; later ones reject it ("No such compile option").
 CPU_FUSION_EMITTERS_SWITCH = JAXLIB < (0, 11, 1)
+
+
+def scan_counts(params):
+    """``(consts, carry)``: how many of a ``scan`` equation's operands are each (the rest are scanned over).
+
+    jax 0.10 states them (``num_consts``, ``num_carry``); jax 0.11 replaced both with ``ft_in``, the
+    operands' flat trees (consts, carry, xs).
+    """
+    if "num_consts" in params:
+        return params["num_consts"], params["num_carry"]
+    consts, carry, _ = params["ft_in"].unpack()
+    return len(consts), len(carry)
 
 
 def x64_enabled():

@@ -9,7 +9,7 @@ import numpy as np
 
 import tapegrad as tg
 
-from ._jax import jax, jnp
+from ._jax import jax, jnp, scan_counts
 from .oracle_replay import Plan, compiled
 
 _LOOP_FNS = {}   # (kind, equation id, operand types) -> (equation, compiled trip counter)
@@ -44,7 +44,7 @@ def _sig(jin):
 def scan_env(eqn, jin):
     """(body plan, per-iteration values, iteration order) of a ``scan`` at JAX's operands ``jin``."""
     p = eqn.params
-    nc, nk, n, rev = p["num_consts"], p["num_carry"], p["length"], p["reverse"]
+    (nc, nk), n, rev = scan_counts(p), p["length"], p["reverse"]
     body = Plan.of(p["jaxpr"])
     jvals = body.scan_values(("scan", n, rev, nc, _sig(jin)), jin[:nc], jin[nc:nc + nk], jin[nc + nk:], n, rev, nc)
     return body, jvals, (range(n - 1, -1, -1) if rev else range(n))
@@ -100,7 +100,7 @@ def loop_envs(eqn, jin):
 def scan_rule(r, st, xs, jenv):
     eqn = st.eqn
     p = eqn.params
-    nc, nk, n = p["num_consts"], p["num_carry"], p["length"]
+    (nc, nk), n = scan_counts(p), p["length"]
     body, jvals, order = scan_env(eqn, [jenv.jax(s) for s in st.ins])
     carry, ys = _unroll(r, body, jvals, order, xs[:nc], xs[nc:nc + nk], xs[nc + nk:], nk)
     outs = list(carry)

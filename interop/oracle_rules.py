@@ -184,6 +184,15 @@ def _acos(r, xs, eqn):
     return tg.atan2(_sqrt_one_minus_square(r, x), x)
 
 
+@rule("one_minus_square", doc="`1 − a²` for a² < ¼, else `(1 + a)·(1 − a)` as XLA lowers it (jax ≥ 0.11): "
+      "the value and the derivative −2a accurate on both sides", needs=("where",))
+def _one_minus_square(r, xs, eqn):
+    x = r.var(xs[0])
+    small = r.tape.apply(O.adds, _neg(r, r.tape.apply(O.square, x)), None, 1.0)
+    large = r.tape.apply(O.adds, x, None, 1.0) * r.tape.apply(O.adds, _neg(r, x), None, 1.0)
+    return tg.where(np.abs(r.value(xs[0])) < 0.5, small, large)
+
+
 @rule("cbrt", doc="`sign(a) · |a|^(1/3)` (the sign a constant)")
 def _cbrt(r, xs, eqn):
     x = r.var(xs[0])

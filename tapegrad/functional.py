@@ -12,7 +12,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import ops as O
-from . import ops_index as OX
+from .ops import index as OX
 from .ops import Bad, check_axes
 from .tape import Operand, Tape, Var
 from .errors import ArgumentError, DTypeError, ShapeError, TapeError, at
@@ -448,7 +448,7 @@ def _install():
 _install()
 
 
-# ── special functions (ops_special) ─────────────────────────────────────────────
+# ── special functions (ops.special) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
 log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_sigmoid = (
@@ -491,7 +491,7 @@ for _f in (log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softp
     setattr(Var, _f.__name__, _f)
 
 
-# ── scans and reductions (ops_scan) ─────────────────────────────────────────────
+# ── scans and reductions (ops.scan) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
 def _axis(opname, a, axis):
@@ -622,7 +622,7 @@ for _f in (cumsum, cumprod, cummax, sort, min, prod, logsumexp, var, std):
     setattr(Var, _f.__name__, _f)
 
 
-# ── selection and indexing (ops_index) ─────────────────────────────────────────────
+# ── selection and indexing (ops.index) ─────────────────────────────────────────────
 
 def where(mask: Data, a: Operand, b: Operand) -> Var:
     """``a`` where the bool ``mask`` holds, else ``b``, broadcasting all three (``jnp.where``).
@@ -651,7 +651,7 @@ def where(mask: Data, a: Operand, b: Operand) -> Var:
 def take(a: Var, indices: Data, axis: int = 0) -> Var:
     """``a`` gathered at integer ``indices`` along ``axis`` (``np.take``; an embedding lookup).
 
-    Indices are a data Var or an integer array; out-of-range indices raise (see ``tapegrad.ops_index``).
+    Indices are a data Var or an integer array; out-of-range indices raise (see ``tapegrad.ops.index``).
     The gradient is a scatter-add in increasing index position, the same on every backend.
     """
     if a.id < 0:
@@ -794,7 +794,7 @@ for _f in (take, flip):
     setattr(Var, _f.__name__, _f)
 
 
-# ── convolution and pooling (ops_conv) ─────────────────────────────────────────────
+# ── convolution and pooling (ops.conv) ─────────────────────────────────────────────
 # (functions and Var methods of this family go here)
 
 _CONV_LAYOUTS = {"NCHW": "NCHW", "NHWC": "NHWC", "NCW": "NCHW", "NWC": "NHWC", "NCDHW": "NCHW", "NDHWC": "NHWC"}
@@ -884,7 +884,7 @@ def conv(x: Operand, w: Operand, stride: Ints = 1, padding: Padding = "VALID", l
         pads = _resolve_padding("conv", tape, padding, sizes, [(n - 1) * r + 1 for n, r in zip(k, rd)], st)
         groups = int(groups) if isinstance(groups, (int, np.integer)) else groups
         s = (lay, st, pads, ld, rd, groups)
-        O.ops_conv.geometry(tuple(xs), tuple(ws_), s)   # before lifting arrays: a failure leaves the tape as it was
+        O.conv.geometry(tuple(xs), tuple(ws_), s)   # before lifting arrays: a failure leaves the tape as it was
     except Bad as e:
         return tape._fail(ShapeError(f"{at('conv', len(tape))}: {e}"))
     except ShapeError as e:
@@ -989,7 +989,7 @@ def avg_pool(x: Var, window: Ints, strides: Optional[Ints] = None, padding: Padd
     return y if y.id < 0 else y.tape.apply(O.divs, y, None, float(math.prod(s[0])))
 
 
-# ── linear algebra (ops_linalg) ─────────────────────────────────────────────
+# ── linear algebra (ops.linalg) ─────────────────────────────────────────────
 
 def cholesky(a: Operand) -> Var:
     """The lower Cholesky factor L of a symmetric positive definite matrix: L·Lᵀ = (a + aᵀ)/2.

@@ -7,7 +7,7 @@ from hypothesis import assume, given, settings, strategies as st
 
 import tapegrad as tg
 from tapegrad import ops as O
-from tapegrad.native.kernels_conv import conv_tables
+from tapegrad.native.kernels.conv import conv_tables
 from tapegrad.ops.conv import geometry
 
 from test_tape import assert_unchanged, snapshot

@@ -1,6 +1,6 @@
 /* tapegrad native runtime: kernels of the conv family (included after runtime.c).
  *
- * Window geometry arrives as two tables printed by kernels_conv.py:
+ * Window geometry arrives as two tables printed by kernels/conv.py:
  *   cv  = {nsp, last, N, C, G, in[nsp], k[nsp], o[nsp]}   (pooling: {nd, 0, 1, 1, 1, in[nd], w[nd], o[nd]})
  *   tab = per spatial dim d, per kernel/window index j, per output index m: the input index read there,
  *         or -1 where that is padding or an lhs-dilation hole.

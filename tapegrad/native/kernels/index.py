@@ -1,4 +1,4 @@
-"""The native C of the index family's ops: printers registered into ``kernels.FORWARD``/``BACKWARD``.
+"""The native C of the index family's ops: printers registered into ``registry.FORWARD``/``BACKWARD``.
 
 Each mirrors its NumPy rule in ``tapegrad.ops.index``: gathers copy, every scatter-add runs over index
 positions in increasing order as ``numpy.add.at`` does (``runtime_index.c``), so the index family is
@@ -6,7 +6,7 @@ exact: a program equals the tape bit for bit.
 """
 import math
 
-from .kernels import BACKWARD, FORWARD, c_array as _arr, strides
+from .registry import BACKWARD, FORWARD, c_array as _arr, strides
 
 
 

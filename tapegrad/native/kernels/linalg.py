@@ -1,4 +1,4 @@
-"""The native C of the linalg family's ops: printers registered into ``kernels.FORWARD``/``BACKWARD``.
+"""The native C of the linalg family's ops: printers registered into ``registry.FORWARD``/``BACKWARD``.
 
 Each printer calls one ``runtime_linalg.c`` kernel that repeats the NumPy rule of ``tapegrad.ops.linalg``
 call for call through the LAPACK table at ``T[5]``. Scratch: the forward may use S0..S2; a backward
@@ -6,7 +6,7 @@ printer leaves S0 alone (it may be ``n.dst``).
 """
 import math
 
-from . import kernels
+from .registry import BACKWARD, FORWARD, SCRATCH
 
 
 def dims(n):
@@ -118,9 +118,9 @@ def logdet_scratch(p, k):
     return -(-n * n // 16) * 16 + 2 * n + 16
 
 
-kernels.FORWARD.update({"cholesky": cholesky_fwd, "triangular_solve": trisolve_fwd, "solve": solve_fwd,
+FORWARD.update({"cholesky": cholesky_fwd, "triangular_solve": trisolve_fwd, "solve": solve_fwd,
                         "logdet": logdet_fwd, "logabsdet": slogdet_fwd, "det_sign": slogdet_fwd})
-kernels.BACKWARD.update({"cholesky": cholesky_da, "triangular_solve": trisolve_d, "solve": solve_d,
+BACKWARD.update({"cholesky": cholesky_da, "triangular_solve": trisolve_d, "solve": solve_d,
                          "logdet": logdet_da, "logabsdet": logabsdet_da, "det_sign": zero_da})
-kernels.SCRATCH.update({"solve": solve_scratch, "logdet": logdet_scratch, "logabsdet": pivots_scratch,
+SCRATCH.update({"solve": solve_scratch, "logdet": logdet_scratch, "logabsdet": pivots_scratch,
                         "det_sign": pivots_scratch})

@@ -1,4 +1,4 @@
-"""The native C of the scan family's ops: printers registered into ``kernels.FORWARD``/``BACKWARD``.
+"""The native C of the scan family's ops: printers registered into ``registry.FORWARD``/``BACKWARD``.
 
 Tiers (``tapegrad.ops.scan``): cumsum, cumprod, cummax, sort and min replay == the tape (sequential
 scans in NumPy's order, comparisons, data movement); prod follows NumPy's sequential multiply reduction
@@ -6,9 +6,9 @@ through ``tg_reduce`` (== as well, tier "order" like ``sum``); logsumexp calls e
 """
 import math
 
-from ..errors import TapeError, at
-from . import kernels as K
-from .kernels import _loop, axis3, bstrides, keep, red_mask, strides
+from ...errors import TapeError, at
+from .core import max_da
+from .registry import BACKWARD, FORWARD, _loop, axis3, bstrides, keep, red_mask, strides
 
 SCAN_MODE = {"cumsum": 0, "cumprod": 1, "cummax": 2}   # tg_scan: running sum, product, max
 
@@ -96,7 +96,7 @@ def logsumexp_da(n):
     return lines, False
 
 
-K.FORWARD.update({"cumsum": scan_fwd, "cumprod": scan_fwd, "cummax": scan_fwd, "sort": sort_fwd,
+FORWARD.update({"cumsum": scan_fwd, "cumprod": scan_fwd, "cummax": scan_fwd, "sort": sort_fwd,
                   "min": reduce_fwd, "prod": reduce_fwd, "logsumexp": logsumexp_fwd})
-K.BACKWARD.update({"cumsum": cumsum_da, "cumprod": cumprod_da, "cummax": cummax_da, "sort": sort_da,
-                   "min": K.max_da, "prod": prod_da, "logsumexp": logsumexp_da})
+BACKWARD.update({"cumsum": cumsum_da, "cumprod": cumprod_da, "cummax": cummax_da, "sort": sort_da,
+                   "min": max_da, "prod": prod_da, "logsumexp": logsumexp_da})

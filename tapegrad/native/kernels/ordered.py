@@ -5,9 +5,9 @@ order exactly: ``acc = 0``, then ``acc = acc + x`` element by element.
 """
 import math
 
-from .. import ops as O
-from . import kernels
-from .kernels import red_mask, spread_da, strides
+from ... import ops as O
+from .core import spread_da
+from .registry import BACKWARD, FORWARD, red_mask, strides
 
 
 def dot(dst, A, B, m, n, kk, sa, sb):
@@ -75,5 +75,5 @@ def reduce_da(n):
     return spread_da(n._replace(name=n.name.replace("_ordered", "")))
 
 
-kernels.FORWARD.update({"matmul_ordered": matmul_fwd, "sum_ordered": reduce_fwd, "mean_ordered": reduce_fwd})
-kernels.BACKWARD.update({"matmul_ordered": matmul_d, "sum_ordered": reduce_da, "mean_ordered": reduce_da})
+FORWARD.update({"matmul_ordered": matmul_fwd, "sum_ordered": reduce_fwd, "mean_ordered": reduce_fwd})
+BACKWARD.update({"matmul_ordered": matmul_d, "sum_ordered": reduce_da, "mean_ordered": reduce_da})

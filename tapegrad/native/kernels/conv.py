@@ -1,4 +1,4 @@
-"""The native C of the conv family's ops: printers registered into ``kernels.FORWARD``/``BACKWARD``.
+"""The native C of the conv family's ops: printers registered into ``registry.FORWARD``/``BACKWARD``.
 
 Each printer makes the BLAS calls of its NumPy rule in ``tapegrad.ops.conv`` (same shapes, same
 transposition flags, contiguous operands) and replaces the data movement around them by the runtime's
@@ -16,10 +16,9 @@ the path that reproduces NumPy's bits, so it is the only one kept.
 """
 import math
 
-from ..errors import TapeError, at
-from ..ops.conv import geometry, pool_geometry
-from . import kernels
-from .kernels import c_array as _arr
+from ...errors import TapeError, at
+from ...ops.conv import geometry, pool_geometry
+from .registry import BACKWARD, FORWARD, SCRATCH, c_array as _arr
 
 MAXD = 8   # runtime.c's TG_MAXD: the most spatial dims (conv) or axes (pooling) the C loops index
 
@@ -186,6 +185,6 @@ def pool_da(n):
         False
 
 
-kernels.FORWARD.update({"conv": conv_fwd, "max_pool": pool_fwd, "sum_pool": pool_fwd})
-kernels.BACKWARD.update({"conv": conv_d, "max_pool": pool_da, "sum_pool": pool_da})
-kernels.SCRATCH["conv"] = conv_scratch
+FORWARD.update({"conv": conv_fwd, "max_pool": pool_fwd, "sum_pool": pool_fwd})
+BACKWARD.update({"conv": conv_d, "max_pool": pool_da, "sum_pool": pool_da})
+SCRATCH["conv"] = conv_scratch

@@ -1,1 +1,0 @@
-"""The native C of the special family's ops: printers registered into ``kernels.FORWARD``/``BACKWARD``."""

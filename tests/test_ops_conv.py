@@ -361,13 +361,11 @@ def test_native_conv_equals_the_tape_where_numpy_takes_its_gemm_path(xs, ws, kw,
         assert same(prog.grad(vw), tape.grad(vw)), small
 
 
-def test_the_readme_cnn_example_trains():
-    import pathlib
-    import re
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = re.search(r"A CNN trained on the tape.*?```python\n(.*?)```", readme, re.S).group(1)
+def test_the_docs_cnn_example_trains():
+    from docs_pages import block
+    code = block("tape.md", "## Models on the tape", 1)
     scope = {}
-    exec(compile(code.replace("print(", "(lambda *a: None)("), "README.md", "exec"), scope)
+    exec(compile(code.replace("print(", "(lambda *a: None)("), "docs/tape.md", "exec"), scope)
     assert float(scope["tape"].value(scope["loss"])) < 0.05
     assert scope["cnn"].episode() < 0.05
 

@@ -55,7 +55,7 @@ MODULES = {
                                       "tests/test_optim_continuity.py", "tests/test_capture_inputs.py",
                                       "tests/test_replay_paths.py"]),
     "ops": ("tapegrad/ops/core.py", ["tests/test_ops.py", "tests/test_tape.py", "tests/test_native_reductions.py",
-                                "tests/test_ops_helpers.py", "tests/test_ops_shapes.py", "tests/test_readme.py",
+                                "tests/test_ops_helpers.py", "tests/test_ops_shapes.py", "tests/test_docs.py",
                                 "tests/test_bad_input_tape.py"]),
     "fuse": ("tapegrad/native/fuse.py", ["tests/test_fuse.py", "tests/test_fuse_edges.py", "tests/test_native_reductions.py"]),
     "codegen": ("tapegrad/native/codegen.py", ["tests/test_native.py", "tests/test_fuse.py", "tests/test_emit.py",
@@ -129,7 +129,7 @@ def tracked_files():
     out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout.split("\n")
     return [f for f in out if f and f.split("/")[0] in ("tapegrad", "interop", "tests", "pyproject.toml", "conftest.py",
-                                                            "README.md")]
+                                                            "README.md", "docs")]
 
 
 def prepare(name):
@@ -146,7 +146,7 @@ def prepare(name):
                 f"source_paths = [{json.dumps(src)}]\n"
                 f"pytest_add_cli_args_test_selection = {json.dumps(tests)}\n"
                 f"pytest_add_cli_args = {json.dumps(args)}\n"
-                'also_copy = ["tapegrad", "interop", "tests", "conftest.py", "README.md"]\n'   # conftest: JAX x64
+                'also_copy = ["tapegrad", "interop", "tests", "conftest.py", "README.md", "docs"]\n'   # conftest: JAX x64
                 "use_git_change_detection = false\n"
                 # JAX (imported by the interop and op-family tests) starts threads: children forked from a
                 # process that ran JAX can deadlock, so they fork from a server that has only collected the tests.

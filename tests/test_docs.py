@@ -210,3 +210,13 @@ def test_every_page_is_in_the_site_navigation():
     """mkdocs.yml's nav lists every page under docs/ (make docs fails on one left out, make test says so first)."""
     nav = set(re.findall(r":\s*(\S+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M))
     assert nav == set(pages()) - {"README.md"}, (sorted(set(pages()) - nav - {"README.md"}), sorted(nav - set(pages())))
+
+
+def test_no_page_has_a_stray_reference_link():
+    """Outside code, ``a[i][j]`` reads as a Markdown reference link to a label ``j`` (make docs fails on it)."""
+    for name in pages():
+        prose = re.sub(r"^```.*?^```", "", text(name), flags=re.S | re.M)
+        prose = re.sub(r"(`+).*?\1", "", prose, flags=re.S)
+        labels = set(re.findall(r"^\[([^\]]+)\]:", prose, re.M))
+        stray = [m for m in re.findall(r"\]\[([^\]]+)\]", prose) if m not in labels]
+        assert not stray, f"{name}: put these in backticks: {stray}"

@@ -55,3 +55,10 @@ def test_the_jit_example_trains_inside_jax_jit():
     assert list(params) == ["W", "b"] and int(opt_state.count) == 10 and set(opt_state.mu) == {"W", "b"}
     assert 0 < float(scope["loss_value"]) < np.log(3)            # from log 3 at W = 0.1, b = 0: it trained
     assert not np.array_equal(np.asarray(params["W"]), np.full((8, 3), 0.1))
+
+
+def test_the_benchmark_rows_are_the_peers_experiments():
+    """The README's table is a few rows of docs/experiments.md's peers table, copied, not measured again."""
+    rows = [l for l in section("README.md", "## One benchmark").splitlines() if l.startswith("| ")]
+    peers = section("experiments.md", "## Peers (`python experiments/bench_peers.py`)").splitlines()
+    assert len(rows) >= 4 and all(r in peers for r in rows), [r for r in rows if r not in peers]

@@ -53,10 +53,15 @@ def as_function(name: str, f: Callable[..., object], like: griffe.Object) -> gri
         default = None if p.default is inspect.Parameter.empty else repr(p.default)
         params.append(griffe.Parameter(p.name, kind=KINDS[p.kind], default=default))
     fn = griffe.Function(name, parameters=griffe.Parameters(*params), returns="Var" if name != "split" else None)
-    doc = like.docstring
-    fn.docstring = griffe.Docstring(fence(inspect.cleandoc(f.__doc__ or "")), parent=fn,
-                                    parser=doc.parser if doc else None, parser_options=doc.parser_options if doc else None)
+    fn.docstring = _docstring(f, fn, like)
     return fn
+
+
+def _docstring(f: Callable[..., object], owner: griffe.Object, like: griffe.Object) -> griffe.Docstring:
+    """``f``'s run-time docstring for ``owner``, parsed as ``like``'s is."""
+    doc = like.docstring
+    return griffe.Docstring(fence(inspect.cleandoc(f.__doc__ or "")), parent=owner,
+                            parser=doc.parser if doc else None, parser_options=doc.parser_options if doc else None)
 
 
 def _fill(obj: griffe.Object, runtime: object, names: list, like: griffe.Object) -> None:
@@ -74,6 +79,8 @@ def _fill(obj: griffe.Object, runtime: object, names: list, like: griffe.Object)
                 break
         if target is None or isinstance(target, griffe.Attribute):
             obj.set_member(name, as_function(name, f, like))
+        elif isinstance(target, griffe.Function) and target.docstring is None:   # a typed declaration
+            target.docstring = _docstring(f, target, like)
 
 
 class RuntimeFunctions(griffe.Extension):

@@ -30,6 +30,7 @@ $(DSTAMP): $(STAMP) pyproject.toml
 
 docs: $(DSTAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_docs.py -k api_reference   # needs griffe
 
 # The native exactness tests under every compiler x target x BLAS kernel present (.ci/run runs it).
 matrix: $(STAMP)

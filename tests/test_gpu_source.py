@@ -377,7 +377,7 @@ def test_device_form_needs_every_expression_and_only_device_helpers(monkeypatch)
         assert not gpu_source.device_form(dataclasses.replace(O.OPS["where"], name=f"where_no_{field}", **{field: None}))
     assert gpu_source.device_form(O.OPS["take"])   # other kinds: a kernel registered under the op's name
     assert not gpu_source.device_form(dataclasses.replace(O.OPS["take"], name="take_renamed"))
-    monkeypatch.setattr(gpu_source.source_special, "DEVICE_FUNCS", frozenset({"tg_digamma"}))
+    monkeypatch.setattr(gpu_source.device_runtime, "DEVICE_FUNCS", frozenset({"tg_digamma"}))
     assert not gpu_source.device_form(O.OPS["digamma"])   # its derivative calls tg_trigamma
     assert gpu_source.device_form(O.OPS["lgamma"])
 

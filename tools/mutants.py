@@ -74,9 +74,10 @@ MODULES = {
     "gpu_conv": ("tapegrad/gpu/source_conv.py", ["tests/test_gpu_ops_more.py"]),
     "gpu_index": ("tapegrad/gpu/source_index.py", ["tests/test_gpu_ops.py"]),
     "gpu_linalg": ("tapegrad/gpu/source_linalg.py", ["tests/test_gpu_ops_more.py"]),
-    "gpu_more": ("tapegrad/gpu/source_more.py", ["tests/test_gpu_ops.py"]),
+    "gpu_layout": ("tapegrad/gpu/source_layout.py", ["tests/test_gpu_ops.py"]),
+    "gpu_reduce": ("tapegrad/gpu/source_reduce.py", ["tests/test_gpu_ops.py"]),
     "gpu_scan": ("tapegrad/gpu/source_scan.py", ["tests/test_gpu_ops.py"]),
-    "gpu_special": ("tapegrad/gpu/source_special.py", ["tests/test_gpu_ops.py", "tests/test_gpu_ops_more.py"]),
+    "gpu_device_runtime": ("tapegrad/gpu/device_runtime.py", ["tests/test_gpu_ops.py", "tests/test_gpu_ops_more.py"]),
     "gpu_call": ("interop/gpu_call.py", ["tests/test_interop_gpu.py", "tests/test_gpu_handler.py"]),
     "dlpack": ("interop/dlpack.py", ["tests/test_dlpack_gpu.py", "tests/test_interop.py", "tests/test_interop_edges.py",
                                      "tests/test_bad_input_interop.py"]),
@@ -85,8 +86,8 @@ MODULES = {
 MODULES["ops_registry"] = ("tapegrad/ops/registry.py", MODULES["ops"][1])
 # The GPU backend's modules are named on the command line (make mutants MUTANTS="gpu ..."); the default
 # run is the core, which is meant to finish in under an hour on 2 cores.
-GPU = ["gpu", "ordered", "gpu_runner", "gpu_host", "gpu_rowspace", "gpu_conv", "gpu_index", "gpu_linalg", "gpu_more",
-       "gpu_scan", "gpu_special", "gpu_call", "dlpack"]
+GPU = ["gpu", "ordered", "gpu_runner", "gpu_host", "gpu_rowspace", "gpu_conv", "gpu_index", "gpu_linalg",
+       "gpu_layout", "gpu_reduce", "gpu_scan", "gpu_device_runtime", "gpu_call", "dlpack"]
 CORE = [m for m in MODULES if m not in GPU]
 # Tests that cannot pass under mutmut: the tape reports the first stack frame outside the tapegrad package as
 # the place that created a node, and a mutated module calls through mutmut's trampoline (outside it); the

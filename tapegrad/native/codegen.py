@@ -80,8 +80,12 @@ _arr = kernels.c_array
 class Emitter:
     """Prints one program. ``buf`` maps ("v", k) / ("g", k) / ("S", j) to buffer-table indices."""
 
-    def __init__(self, prog, buf, segments_fwd, segments_bwd, blas_bits=32, target="c", small_mm=0):
+    def __init__(self, prog, buf, segments_fwd, segments_bwd, blas_bits=32, target="c", small_mm=0, views=None):
         self.p, self.buf, self.blas_bits, self.target = prog, buf, blas_bits, target
+        # reshapes that are views of their input's buffers (runner.reshape_views): printed under the
+        # root's name, so no two restrict pointers ever name one buffer, and their copies are not printed
+        self.views = views or {}
+        self._alias = {f"{kind}{k}": f"{kind}{r}" for (kind, k), r in self.views.items()}
         self.small_mm = small_mm
         self.d = dialect(prog.dtype, target)
         self.segf, self.segb = segments_fwd, segments_bwd
@@ -108,11 +112,19 @@ class Emitter:
         return "\n".join(out)
 
     def function(self, name, body):
+        body = self.named(body)
         used = sorted({tok for line in body for tok in _ptr_names(line)}, key=_ptr_key)
         decl = [f"    {self.ctype(n)} *restrict {n} = ({self.ctype(n)} *)TG_B({self._index(n)});"
                 if self.ctype(n) != "real" else f"    real *restrict {n} = TG_B({self._index(n)});" for n in used]
         return [f"void {name}(void *ctx)", "{", "    void **T = (void **)ctx;", "    tg_cur = T;"] + decl + \
             ["    " + line for line in body] + ["}", ""]
+
+    def named(self, lines):
+        """``lines`` with every view's buffer name replaced by its root's."""
+        if not self._alias:
+            return lines
+        sub = re.compile(r"\b[vg]\d+\b")
+        return [sub.sub(lambda m: self._alias.get(m.group(0), m.group(0)), line) for line in lines]
 
     def ctype(self, name):
         """The C element type of a buffer name: ``real``, or data (bool masks, int64 indices)."""
@@ -204,6 +216,7 @@ class Emitter:
         """An elementwise loop as its own function: its buffers are ``restrict`` parameters (GCC honours
         restrict on parameters, not on locals loaded from the table, and a fused loop reads more streams
         than it will version for aliasing), so every loop vectorises; the call site passes the buffers."""
+        stmts = self.named(stmts)
         if self.target == "cuda":
             return self.cuda_kernel(name, os_, stmts)
         body = self.loop(os_, stmts)
@@ -258,6 +271,8 @@ class Emitter:
 
     def node_forward(self, k):
         """A non-elementwise node's forward: its entry in ``kernels.FORWARD``."""
+        if ("v", k) in self.views:
+            return []
         n = self.node(k)
         f = kernels.FORWARD.get(n.name)
         if f is None:
@@ -347,6 +362,8 @@ class Emitter:
 
     def node_backward(self, entry):
         k, ta, fa, tb, fb = entry
+        if ("g", k) in self.views:
+            return []
         out = []
         if ta:
             out += self.contrib(k, "a", fa)

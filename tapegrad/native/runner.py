@@ -55,12 +55,41 @@ def small_gemm_limit(dtype):
     return 0 if core.lower() in _BLAS_SMALL_PATH else SMALL_GEMM
 
 
-def layout(p):
+def reshape_views(p):
+    """Reshapes as views: a reshape node's value is its input's buffer, and so is its gradient where the
+    reshape is the only node that contributes to the input's gradient (that contribution is then a copy
+    of the whole buffer, so sharing it changes no addition). Not of a parameter, which the optimizer step
+    changes in place after the backward. Rebinds ``p.val``/``p.grads`` of those nodes to views of their
+    roots and returns ``{("v"|"g", node): root}`` (roots never are views themselves)."""
+    contributors = {}
+    for k, ta, _, tb, _ in p.sched:
+        a, b = p.nodes[k][1:3]
+        for to, j in ((ta, a), (tb, b)):
+            if to:
+                contributors[j] = contributors.get(j, 0) + 1
+    root, params = {}, set(p.params)
+    for k in p.compute:
+        op, a = p.nodes[k][:2]
+        if op.name != "reshape" or p.val[a].dtype.kind != "f" or a in params:
+            continue
+        root["v", k] = root.get(("v", a), a)
+        p.val[k] = p.val[root["v", k]].reshape(p.shapes[k])
+        if p.grads[k] is not None and p.grads[a] is not None and contributors.get(a) == 1:
+            root["g", k] = root.get(("g", a), a)
+            p.grads[k] = p.grads[root["g", k]].reshape(p.shapes[k])
+    return root
+
+
+def layout(p, views=None):
     """The buffer table of a program: values, then gradients, then three scratch buffers; returns
-    (buffers, {("v"|"g"|"S", k): index})."""
+    (buffers, {("v"|"g"|"S", k): index}). A view (``reshape_views``) shares its root's entry."""
     bufs, index = [], {}
+    views = views or {}
 
     def add(key, arr):
+        if key in views:
+            index[key] = index[(key[0], views[key])]
+            return
         index[key] = len(bufs)
         bufs.append(arr)
     for k in range(len(p.nodes)):
@@ -103,11 +132,12 @@ class NativeRunner:
 
     def __init__(self, prog):
         p = self.p = prog
-        self.bufs, self.index = layout(p)
+        self.views = reshape_views(p)
+        self.bufs, self.index = layout(p, self.views)
         self.fwd_segs, self.bwd_segs = fuse.plan(p, bool(p.fuse), p.fuse == "libm")
         self.blas = blas_pointers(p.dtype)
         self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2],
-                                      small_mm=small_gemm_limit(p.dtype)).emit()
+                                      small_mm=small_gemm_limit(p.dtype), views=self.views).emit()
         self.path = build.build(self.source)
         self.lib = build.load(self.path)
         self.sc = np.zeros(8, np.float64)

@@ -1,4 +1,4 @@
-"""The device form of the native runtime's special functions (digamma, trigamma): the same C, compiled for the GPU.
+"""The native runtime's math functions (exp, tanh, digamma, trigamma), the same C compiled for the GPU.
 
 ``tapegrad/native/runtime_special.c`` is written over ``real`` in plain C (double arithmetic, libm's
 ``log``/``tan``/``sin``/``floor``/``nearbyint``); a CUDA program whose kernels call ``tg_digamma`` or

@@ -31,7 +31,8 @@ from typing import NamedTuple
 
 from .. import ops as O
 from .. import ordered
-from . import rowspace, source_conv, source_index, source_linalg, source_more, source_scan, source_special
+from . import device_runtime, rowspace
+from . import source_conv, source_index, source_layout, source_linalg, source_reduce, source_scan
 from ..errors import TapeError, at
 from ..native.codegen import expr_of
 from ..native.expr import RUNTIME_FUNCS, calls, dialect
@@ -58,7 +59,7 @@ def device_form(op):
     if op.kind == "elementwise":
         fields = ["c_fwd"] + [f for f, kind in zip(("c_da", "c_db"), op.inputs) if kind == "f"]
         exprs = [expr_of(op, f) for f in fields]
-        return None not in exprs and not any(calls(e) & (RUNTIME_FUNCS - source_special.DEVICE_FUNCS) for e in exprs)
+        return None not in exprs and not any(calls(e) & (RUNTIME_FUNCS - device_runtime.DEVICE_FUNCS) for e in exprs)
     return op.name in _FORWARD
 
 
@@ -467,7 +468,7 @@ class CudaProgram:
             "#ifndef NAN",
             "#define NAN __int_as_float(0x7fffffff)",
             "#endif",
-            ""] + (source_special.source() if source_special.needed(self.kernels) else [])
+            ""] + (device_runtime.source() if device_runtime.needed(self.kernels) else [])
             + (source_linalg.helpers(self.f32) if self.linalg else [])
             + (self._pairwise() if self.pairwise else []) + (source_scan.argsort_source() if self.sort_helper
                                                                   else []) + self.kernels + [
@@ -648,6 +649,6 @@ _FORWARD = {"matmul": _matmul_fwd, "matmul_ordered": _matmul_fwd, "sum": _reduce
 _BACKWARD = {"matmul": _matmul_d, "matmul_ordered": _matmul_d, "sum": _spread_da, "mean": _spread_da,
              "sum_ordered": _spread_da, "mean_ordered": _spread_da, "reshape": _reshape_da,
              "transpose": _transpose_da, "broadcast_to": _broadcast_da, "softmax_xent": _xent_d}
-for _family in (source_index, source_scan, source_more, source_conv, source_linalg):
+for _family in (source_index, source_scan, source_layout, source_reduce, source_conv, source_linalg):
     _FORWARD.update(_family.FORWARD)
     _BACKWARD.update(_family.BACKWARD)

@@ -52,8 +52,10 @@ def test_every_named_repository_file_exists(path):
 
 
 def test_the_docs_state_requirements_and_every_environment_variable():
-    for fact in ("Linux", "x86-64", "C compiler", "Python ≥ 3.11", "0.10.2 to 0.12"):
+    python = re.search(r'^requires-python = ">=([\d.]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    for fact in ("Linux", "x86-64", "C compiler", f"Python ≥ {python}", "0.10.2 to 0.12"):
         assert fact in text("install.md"), fact
+    assert f"Python ≥ {python}" in text("README.md")
     page = text("getting-started.md")
     table = page.split("| variable | effect |", 1)[1].split("\n\n", 1)[0]
     used = set()

@@ -1,4 +1,5 @@
-"""The house has layers: no import cycle among the modules of ``tapegrad`` and ``interop``.
+"""The house has layers: no import cycle among the modules of ``tapegrad`` and ``interop``, and no
+import reaching up from one of docs/design.md's layers to a higher one.
 
 The graph is read statically (``ast`` over the source files, nothing imported). An import executed when
 its module loads (at the top, or inside a top-level ``if``/``try``/``with``/``class``) is a
@@ -156,6 +157,45 @@ def test_tapegrad_has_no_module_level_import_cycle():
 def test_interop_has_no_module_level_import_cycle():
     found = [c for c in cycles(TOP) if any(m.startswith("interop") for m in c)]
     assert not found, f"module-level import cycles through interop: {describe(found)}"
+
+
+# docs/design.md's layers, bottom to top: a module's layer is the first whose names or prefixes match it
+LAYERS = [
+    ("foundations", {"tapegrad.errors", "tapegrad._arena", "tapegrad._files", "tapegrad._interrupts",
+                     "tapegrad.schedule", "tapegrad.blas", "tapegrad.environment"}),
+    ("the op registry", {"tapegrad.ops", "tapegrad.ops."}),
+    ("the tape", {"tapegrad.tape", "tapegrad.ordered", "tapegrad.functional", "tapegrad.numpy_dispatch",
+                  "tapegrad.optim", "tapegrad.checkpoint", "tapegrad.gradcheck", "tapegrad.emit"}),
+    ("programs", {"tapegrad.capture", "tapegrad.replay", "tapegrad.verify"}),
+    ("the package", {"tapegrad", "tapegrad.__main__"}),
+    ("the native backend", {"tapegrad.native", "tapegrad.native."}),
+    ("the GPU backend", {"tapegrad.gpu", "tapegrad.gpu."}),
+    ("interop", {"interop", "interop."}),
+]
+
+
+def layer_of(module):
+    for k, (_, names) in enumerate(LAYERS):
+        if module in names or any(n.endswith(".") and module.startswith(n) for n in names):
+            return k
+    return None
+
+
+def reaching_up(edges):
+    return [f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
+            for m in sorted(edges) for d in sorted(edges[m])
+            if layer_of(m) is not None and layer_of(d) is not None and layer_of(d) > layer_of(m)]
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    up = reaching_up(TOP)
+    assert not up, "imports reaching up a layer (docs/design.md, Architecture): " + "; ".join(up)
+    assert reaching_up({"tapegrad.ops.core": {"tapegrad.native.runner", "tapegrad.errors"}}) == [
+        "tapegrad.ops.core (the op registry) imports tapegrad.native.runner (the native backend)"]
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in TOP if layer_of(m) is None] == [], "place it in LAYERS and in docs/design.md"
 
 
 def test_the_registries_sit_below_their_families():

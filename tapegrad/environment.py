@@ -198,8 +198,12 @@ def _jax_line() -> str:
 
 
 def _interop_line() -> str:
+    # the other project's distribution is named `interop`; tapegrad's is `tapegrad`
+    other = _version("interop")
+    clash = "" if other is None else (f"; and {_OTHER} {other} is installed here too: the two share the folder, "
+                                      f"and uninstalling either deletes the interop/__init__.py both rely on")
     try:
-        return f"ok ({interop_check()})"
+        return f"ok ({interop_check()}){clash}"
     except ImportError as e:
         return f"PROBLEM: {e}"
 

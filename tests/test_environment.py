@@ -202,6 +202,21 @@ def test_an_emptied_interop_is_named_with_the_fix(tmp_path):
     assert row == f"interop   PROBLEM: {message}"
 
 
+def test_the_other_package_installed_beside_ours_is_reported(tmp_path):
+    # tapegrad installed after the other project: our __init__.py won, its dist-info still lists the folder
+    files = {p.name: p.read_text() for p in (ROOT / "interop").glob("*.py")}
+    site = _site(tmp_path, files)
+    info = site / "interop-1.3.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: interop\nVersion: 1.3.2\n")
+    r = _isolated(site, "import tapegrad\n"
+                        "print([l for l in tapegrad.environment.report().splitlines() if l.startswith('interop')][0])")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == (f"interop   ok ({site / 'interop'}); and Illumina's InterOp (PyPI `interop`) 1.3.2 is "
+                                f"installed here too: the two share the folder, and uninstalling either deletes the "
+                                f"interop/__init__.py both rely on")
+
+
 def test_ours_passes_the_check_and_carries_the_marker_and_version():
     pytest.importorskip("jax")
     import interop

@@ -6,6 +6,7 @@ imported only where it is installed, to count its devices.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import os
@@ -36,8 +37,8 @@ def c_core() -> dict:
     """
     from .tape import Tape
     try:
-        from . import _ctape
-        built, path, error = True, getattr(_ctape, "__file__", None), None
+        core = importlib.import_module("tapegrad._ctape")
+        built, path, error = True, getattr(core, "__file__", None), None
     except ImportError as e:
         built, path, error = False, None, str(e)
     return {"built": built, "active": Tape._fast is not None, "pure": bool(os.environ.get(PURE_ENV)),

@@ -219,3 +219,11 @@ def test_every_public_function_has_a_full_signature(name):
 def test_the_factories_name_their_protocols():
     hints = {n: inspect.signature(getattr(F, n)).return_annotation for n in ("_reduce", "_axis_op", "_scan", "_pool")}
     assert hints == {"_reduce": "Reduction", "_axis_op": "AxisOp", "_scan": "Scan", "_pool": "Pool"}
+
+
+def test_the_environment_report_and_setup_py_type_check():
+    """mypy (configured in pyproject.toml) on the modules tests/test_types.py does not list."""
+    pytest.importorskip("mypy")
+    files = ["tapegrad/environment.py", "tapegrad/__main__.py", "setup.py"]
+    r = subprocess.run([sys.executable, "-m", "mypy", *files], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]

@@ -1,4 +1,5 @@
-"""What this installation is made of: the environment report (``tapegrad.info()``), the C core's state and interop's identity.
+"""What this installation is made of: the environment report (``tapegrad.info()``), the C core's state and
+interop's identity.
 
 Reading the report imports nothing optional: jax's version comes from its package metadata and its
 64-bit mode from the live ``jax`` module only where the process has already imported it; CuPy is
@@ -93,8 +94,8 @@ def interop_check() -> str:
     if not ours or os.path.basename(spec.origin) != "__init__.py":
         raise ImportError(f"tapegrad: `import interop` finds {spec.origin}, which is not tapegrad's interop: "
                           f"another package installed the same top-level name, most likely {_OTHER} "
-                          f"(`pip show interop` names the one installed). Uninstall it (pip uninstall interop) and reinstall "
-                          f"tapegrad ({_REINSTALL}), or keep the two in separate environments.")
+                          f"(`pip show interop` names the one installed). Uninstall it (pip uninstall interop) and "
+                          f"reinstall tapegrad ({_REINSTALL}), or keep the two in separate environments.")
     return os.path.dirname(spec.origin)
 
 
@@ -193,8 +194,9 @@ def _jax_line() -> str:
         x64 = f"x64 {'on' if live.config.jax_enable_x64 else 'off'}"
     else:
         env = os.environ.get("JAX_ENABLE_X64")
+        given = "$JAX_ENABLE_X64 unset" if env is None else f"$JAX_ENABLE_X64={env!r}"
         x64 = f"x64 {'on' if env and env.lower() in ('1', 'true', 'yes', 'on') else 'off'} " \
-              f"($JAX_ENABLE_X64={env!r}; jax not imported in this process)"
+              f"({given}; jax not imported in this process)"
     return f"{v} (jaxlib {_version('jaxlib') or 'missing'}), {x64}"
 
 

@@ -153,7 +153,8 @@ def test_tapegrad_pure_chooses_the_python_paths_silently():
 
 # ── interop: ours, or another package of the same name ────────────────────────
 
-ILLUMINA_INIT = '"""Illumina InterOp: reads binary InterOp files of sequencing runs."""\nfrom .py_interop_run import *\n'
+ILLUMINA_INIT = ('"""Illumina InterOp: reads binary InterOp files of sequencing runs."""\n'
+                 'from .py_interop_run import *\n')
 
 
 def _site(tmp_path, interop_files):
@@ -198,7 +199,8 @@ def test_an_emptied_interop_is_named_with_the_fix(tmp_path):
     assert r.returncode == 0, r.stderr
     _, message, row = r.stdout.splitlines()
     assert message.startswith(f"tapegrad: `interop` ({site / 'interop'}) has no __init__.py, so it has no check_grads")
-    assert "uninstalling Illumina's InterOp" in message and "pip install --force-reinstall --no-deps tapegrad" in message
+    assert "uninstalling Illumina's InterOp" in message
+    assert "pip install --force-reinstall --no-deps tapegrad" in message
     assert row == f"interop   PROBLEM: {message}"
 
 

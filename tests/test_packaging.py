@@ -79,7 +79,8 @@ BUILD = """
 import runpy, sys, warnings
 from setuptools import Distribution
 setup = runpy.run_path({setup!r}, run_name="tapegrad_setup")
-dist = Distribution({{"name": "tapegrad", "ext_modules": [setup["CORE"]], "cmdclass": {{"build_ext": setup["BuildCore"]}}}})
+dist = Distribution({{"name": "tapegrad", "ext_modules": [setup["CORE"]],
+                     "cmdclass": {{"build_ext": setup["BuildCore"]}}}})
 cmd = dist.get_command_obj("build_ext")
 cmd.build_lib, cmd.build_temp = {out!r}, {tmp!r}
 with warnings.catch_warnings(record=True) as w:
@@ -134,8 +135,8 @@ def test_the_sdist_holds_what_the_tests_read_and_they_pass_unpacked(tmp_path):
     its C core built by its setup.py, and a few tests that read docs/ and experiments/ run there."""
     pytest.importorskip("setuptools.build_meta")
     dist = tmp_path / "dist"
-    r = subprocess.run([sys.executable, "-c", f"from setuptools import build_meta; print(build_meta.build_sdist({str(dist)!r}))"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    hook = f"from setuptools import build_meta; print(build_meta.build_sdist({str(dist)!r}))"
+    r = subprocess.run([sys.executable, "-c", hook], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     name = r.stdout.split()[-1]
     with tarfile.open(dist / name) as tar:
@@ -152,7 +153,8 @@ def test_the_sdist_holds_what_the_tests_read_and_they_pass_unpacked(tmp_path):
     r = run("setup.py", "-q", "build_ext", "--inplace")
     assert r.returncode == 0, r.stderr[-3000:]
     r = run("-c", "import tapegrad; print(tapegrad.__file__, tapegrad.Tape._fast is not None)")
-    assert r.returncode == 0 and r.stdout.split() == [str(tree / "tapegrad" / "__init__.py"), "True"], r.stdout + r.stderr
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == [str(tree / "tapegrad" / "__init__.py"), "True"]   # the unpacked tree's, its core built
     r = run("-m", "pytest", "-p", "no:cacheprovider", "-x", "-q", "tests/test_docs.py", "tests/test_tape.py")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert re.search(r"\b\d+ passed\b", r.stdout) and " failed" not in r.stdout, r.stdout[-2000:]

@@ -1,9 +1,9 @@
 """Builds the tape's optional C core (tapegrad/_ctape.c); everything else about the package is in pyproject.toml.
 
 Without a C compiler or Python's headers the core cannot be built: the install still succeeds (the same
-code paths run in Python, about 1.6x slower), this build says so with a warning (pip 25 and later show a
-build's warnings; older ones hide all of its output unless run with -v), and ``import tapegrad`` warns
-once per process (``tapegrad.CCoreWarning``). Warnings of the compiler do not stop a user's build;
+code paths run in Python, about 1.6x slower), this build says so with a warning (pip 26.3 and later show a
+build's warnings; 24.0 to 26.2 were tried and hide all of its output unless run with -v), and ``import
+tapegrad`` warns once per process (``tapegrad.CCoreWarning``), the warning to rely on. Warnings of the compiler do not stop a user's build;
 tests/test_ctape.py compiles the core with warnings as errors.
 """
 import warnings

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tarfile
 import tomllib
+import zipfile
 
 import pytest
 
@@ -130,18 +131,29 @@ def _tracked(*folders):
     return set(r.stdout.split()) if r.returncode == 0 and r.stdout else None
 
 
-def test_the_sdist_holds_what_the_tests_read_and_they_pass_unpacked(tmp_path):
-    """The sdist is built by setuptools' own hook (in a subprocess, as pip's build would call it), unpacked,
-    its C core built by its setup.py, and a few tests that read docs/ and experiments/ run there."""
+HOOK = "from setuptools import build_meta; import sys; print(getattr(build_meta, sys.argv[1])(sys.argv[2]))"
+
+
+def _hook(name, out, cwd):
+    """setuptools' PEP 517 hook ``name`` run in a subprocess in ``cwd``, as pip's build calls it; the file's name."""
     pytest.importorskip("setuptools.build_meta")
-    dist = tmp_path / "dist"
-    hook = f"from setuptools import build_meta; print(build_meta.build_sdist({str(dist)!r}))"
-    r = subprocess.run([sys.executable, "-c", hook], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", HOOK, name, str(out)], cwd=cwd, capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    name = r.stdout.split()[-1]
-    with tarfile.open(dist / name) as tar:
+    return r.stdout.split()[-1]
+
+
+def _unpacked_sdist(tmp_path):
+    name = _hook("build_sdist", tmp_path / "dist", cwd=ROOT)
+    with tarfile.open(tmp_path / "dist" / name) as tar:
         tar.extractall(tmp_path / "unpacked", filter="data")
-    tree = tmp_path / "unpacked" / name.removesuffix(".tar.gz")
+    return tmp_path / "unpacked" / name.removesuffix(".tar.gz")
+
+
+def test_the_sdist_holds_what_the_tests_read_and_they_pass_unpacked(tmp_path):
+    """The sdist is built by setuptools' own hook, unpacked, its C core built by its setup.py, and a few tests
+    that read docs/ and experiments/ run there."""
+    tree = _unpacked_sdist(tmp_path)
     held = {str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file()}
     tracked = _tracked("docs", "experiments", "tests", "tools", "tapegrad", "interop", ".ci")
     if tracked is not None:
@@ -158,3 +170,17 @@ def test_the_sdist_holds_what_the_tests_read_and_they_pass_unpacked(tmp_path):
     r = run("-m", "pytest", "-p", "no:cacheprovider", "-x", "-q", "tests/test_docs.py", "tests/test_tape.py")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert re.search(r"\b\d+ passed\b", r.stdout) and " failed" not in r.stdout, r.stdout[-2000:]
+
+
+WHEEL_HOLDS = ["tapegrad/py.typed", "interop/py.typed", "tapegrad/environment.py", "tapegrad/__main__.py",
+               "tapegrad/ops/__init__.py", "tapegrad/native/runtime.c", "interop/tg_xla.c", "interop/tg_gpu.c"]
+
+
+def test_the_wheel_built_from_the_sdist_holds_the_package(tmp_path):
+    """What pip does with an sdist: setuptools' hooks build a wheel from the unpacked tree."""
+    tree = _unpacked_sdist(tmp_path)
+    with zipfile.ZipFile(tmp_path / "wheel" / _hook("build_wheel", tmp_path / "wheel", cwd=tree)) as whl:
+        names = set(whl.namelist())
+    assert [f for f in WHEEL_HOLDS if f not in names] == []
+    assert [f for f in names if re.fullmatch(r"tapegrad/_ctape\..*\.so", f)], sorted(names)   # the core, built
+    assert not [f for f in names if f.startswith(("tests/", "docs/", "experiments/"))]

@@ -150,8 +150,8 @@ def _blas_lines() -> list[str]:
             if d.get("user_api") == "blas":
                 out.append(f"loaded    {d.get('internal_api')} {d.get('version')}, kernel "
                            f"{d.get('architecture') or '?'}, {d.get('num_threads')} threads ({d.get('filepath')})")
-    except ImportError:
-        out.append("loaded    ? (threadpoolctl is not installed)")
+    except ImportError:   # NumPy's build configuration still names its BLAS, if not the kernel it runs
+        out.append(f"numpy's   {_numpy_blas()} (NumPy's build configuration; threadpoolctl is not installed)")
     try:
         _, _, bits, path = runner.blas_pointers("float64")
         core = runner.blas_core("float64")
@@ -159,6 +159,15 @@ def _blas_lines() -> list[str]:
     except BuildError as e:
         out.append(f"programs  none: {e}")
     return out or ["loaded    none reported"]
+
+
+def _numpy_blas() -> str:
+    import numpy
+    try:
+        blas = numpy.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    except Exception:   # NumPy before 1.26 prints its configuration only
+        return "?"
+    return f"{blas.get('name', '?')} {blas.get('version', '')}".strip()
 
 
 def _cache_line() -> str:

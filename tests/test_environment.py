@@ -60,6 +60,13 @@ def test_report_names_the_blas_threadpoolctl_finds_and_the_one_programs_call():
     assert _row(text, "programs").startswith(runner.blas_pointers("float64")[3] + " (")
 
 
+def test_without_threadpoolctl_numpys_build_configuration_names_the_blas(monkeypatch):
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)     # `import threadpoolctl` now fails
+    row = _row(environment.report(), "numpy's")
+    assert row == f"{blas['name']} {blas['version']} (NumPy's build configuration; threadpoolctl is not installed)"
+
+
 def test_report_c_core_row_follows_the_tape():
     row = _row(environment.report(), "C core")
     if Tape._fast is not None:

@@ -182,7 +182,7 @@ def _cache_line() -> str:
 
 
 def _cupy_line() -> str:
-    if importlib.util.find_spec("cupy") is None:
+    if sys.modules.get("cupy") is None and importlib.util.find_spec("cupy") is None:
         return "not installed"
     try:
         import cupy   # only here: counting devices needs the module

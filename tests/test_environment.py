@@ -1,11 +1,13 @@
 """The environment report (`python -m tapegrad info`), the warning when the C core is missing, and the
 check that `import interop` finds tapegrad's package (not another one of the same name)."""
 import importlib.metadata
+import importlib.util
 import os
 import pathlib
 import platform
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -65,6 +67,27 @@ def test_without_threadpoolctl_numpys_build_configuration_names_the_blas(monkeyp
     monkeypatch.setitem(sys.modules, "threadpoolctl", None)     # `import threadpoolctl` now fails
     row = _row(environment.report(), "numpy's")
     assert row == f"{blas['name']} {blas['version']} (NumPy's build configuration; threadpoolctl is not installed)"
+
+
+def _fake_cupy(count):
+    def device_count():
+        if isinstance(count, Exception):
+            raise count
+        return count
+    props = lambda i: {"name": f"NVIDIA H{100 + i}".encode()}   # noqa: E731 - bytes, as CUDA's runtime gives
+    runtime = types.SimpleNamespace(getDeviceCount=device_count, getDeviceProperties=props)
+    return types.SimpleNamespace(__version__="13.6.0", cuda=types.SimpleNamespace(runtime=runtime))
+
+
+def test_the_cupy_row_counts_and_names_the_devices(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(2))
+    assert _row(environment.report(), "cupy") == "13.6.0, 2 devices: NVIDIA H100, NVIDIA H101"
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(RuntimeError("cudaErrorInsufficientDriver")))
+    assert _row(environment.report(), "cupy") == \
+        "13.6.0, no usable device (RuntimeError: cudaErrorInsufficientDriver)"
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    if importlib.util.find_spec("cupy") is None:
+        assert _row(environment.report(), "cupy") == "not installed"
 
 
 def test_report_c_core_row_follows_the_tape():

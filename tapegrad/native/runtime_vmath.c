@@ -11,7 +11,7 @@
  * ln2_hi has 32 significant bits, so k·ln2_hi is exact for |k| < 2^21), |r| <= ln(2)/2, e^r by its
  * Taylor series to r^13 (the tail is below 2^-60 of the result). 2^k is built from k's bits in two
  * halves, so results that are subnormal or overflow round once, as the true value would. */
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)   /* the device's copy (tapegrad/gpu/source_special.py) */
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)   /* the device's copy (tapegrad/gpu/device_runtime.py) */
 #define TG_VFN static __device__ __forceinline__ __attribute__((unused))
 TG_VFN long long tg_vm_bits(double d) { return __double_as_longlong(d); }
 TG_VFN double tg_vm_from_bits(long long i) { return __longlong_as_double(i); }

@@ -167,7 +167,8 @@ def test_the_sdist_holds_what_the_tests_read_and_they_pass_unpacked(tmp_path):
     r = run("-c", "import tapegrad; print(tapegrad.__file__, tapegrad.Tape._fast is not None)")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == [str(tree / "tapegrad" / "__init__.py"), "True"]   # the unpacked tree's, its core built
-    r = run("-m", "pytest", "-p", "no:cacheprovider", "-x", "-q", "tests/test_docs.py", "tests/test_tape.py")
+    r = run("-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", "-x", "-q", "tests/test_docs.py",
+            "tests/test_tape.py")
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert re.search(r"\b\d+ passed\b", r.stdout) and " failed" not in r.stdout, r.stdout[-2000:]
 

@@ -1,6 +1,6 @@
 /* tapegrad native runtime: kernels of the linalg family (included after runtime.c).
  *
- * T[5] is the LAPACK table (tapegrad.native.runner.lapack_pointers): potrf getrf gesv trsm trmm gemm, from the library the BLAS comes from, so its integers are tg_bint. Each tg_la_* call passes
+ * T[5] is the LAPACK table (tapegrad.blas.lapack_pointers): potrf getrf gesv trsm trmm gemm, from the library the BLAS comes from, so its integers are tg_bint. Each tg_la_* call passes
  * exactly the arguments tapegrad.ops.linalg.Lapack passes on the tape: row-major buffers read as their
  * column-major transposes. On a LAPACK failure (a matrix that is not positive definite, or singular)
  * the node's value is filled with NaN: a C caller has no exception to catch, and NaN cannot be

@@ -95,6 +95,17 @@ def _scipy_blas(pre):
     return gemm, dot, 32, "scipy.linalg.cython_blas"
 
 
+def blas_threads_local(dtype):
+    """The address of ``openblas_set_num_threads_local`` (OpenBLAS 0.3.27+) in the library of
+    ``blas_pointers(dtype)``, else 0: a program runs its small products on one BLAS thread with it
+    (``tg_mm``), setting the calling thread's count only, so NumPy's and other threads' are untouched."""
+    path = blas_pointers(dtype)[3]
+    if not os.path.exists(path):
+        return 0
+    f = getattr(ctypes.CDLL(path), "openblas_set_num_threads_local", None)
+    return 0 if f is None else ctypes.cast(f, ctypes.c_void_p).value
+
+
 _LAPACK = {}
 # The routines the linalg ops call, in the order of the table at ctx[5] (``tapegrad.ops.linalg`` calls
 # the same addresses on the tape, so a program and the tape run the very same LAPACK code).

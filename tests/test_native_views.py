@@ -1,5 +1,6 @@
-"""Reshapes as views in a native program: one buffer for a reshape and its input, bit for bit the copies
-(the tiers against the tape are tests/test_native.py's; the first run is verified as always)."""
+"""Native programs: reshapes as views (one buffer for a reshape and its input, bit for bit the copies; the
+tiers against the tape are tests/test_native.py's, and the first run is verified as always), and small
+products on one BLAS thread."""
 import numpy as np
 import pytest
 
@@ -61,3 +62,25 @@ def test_a_reshape_views_source_has_no_copy_of_it():
     for k in (r1.id, r.id):
         assert f"v{k}" not in program and f"g{k}" not in program
     assert program.count("memcpy(") == 1                      # only W's reshape copies
+
+
+def test_small_products_run_on_one_blas_thread_and_leave_the_callers_count_as_it_was():
+    """T[7] is the BLAS's thread-local count setter where it has one: a small product sets 1 and puts the
+    caller's count back (read back through the same setter, which returns the count it replaces)."""
+    import ctypes
+
+    from tapegrad.blas import blas_pointers, blas_threads_local
+    tape, loss, _ = _tape_and_loss(False)
+    prog = tg.capture(tape, loss, backend="native")
+    addr = blas_threads_local("float64")
+    assert int(prog.runner.table[7]) == addr
+    if not addr:
+        pytest.skip(f"{blas_pointers('float64')[3]} has no openblas_set_num_threads_local (OpenBLAS < 0.3.27)")
+    local = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(addr)
+    before = local(3)
+    try:
+        prog.forward()
+        prog.backward()
+        assert local(3) == 3
+    finally:
+        local(before)

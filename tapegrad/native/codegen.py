@@ -5,7 +5,7 @@ Fixed ABI (every program): ``void tg_forward(void *ctx)``, ``tg_backward``, ``tg
 dot, ``[2]`` the step scalars (double), ``[3]`` the optimizer configuration (double), ``[4]`` the
 optimizer's parameter table (long long), ``[5]`` the LAPACK function table (linalg ops), ``[6]``
 an optional thread pool for large products and optimizer updates (``tg_team`` in runtime.c; 0: one
-thread), ``[7]`` reserved, ``[8 + i]`` buffer ``i`` (values, gradients, scratch, optimizer state). Elementwise nodes print the registry's C expressions through
+thread), ``[7]`` the BLAS's ``openblas_set_num_threads_local`` or 0 (small products on one thread), ``[8 + i]`` buffer ``i`` (values, gradients, scratch, optimizer state). Elementwise nodes print the registry's C expressions through
 one dialect (``expr.py``); the rest call the runtime kernels in ``runtime.c``. A fused segment is one
 loop whose body is the unfused loop bodies in node order, so it rounds identically. ``build`` appends
 ``const char tg_identity[]`` (which build the library is), read before any of these is called.

@@ -32,7 +32,7 @@ import os
 import numpy as np
 
 from .._arena import aligned_empty
-from ..blas import blas_core, blas_pointers, lapack_pointers
+from ..blas import blas_core, blas_pointers, blas_threads_local, lapack_pointers
 from . import build, codegen, fuse, kernels
 
 # Products of at most this many multiply-adds run in the generated C's own kernel (tg_mm_small in
@@ -163,6 +163,7 @@ class NativeRunner:
         t[0], t[1] = gemm, dot
         t[2], t[3], t[4] = _addr(self.sc), _addr(self.cfg), _addr(self.pinfo)
         t[6] = self.team
+        t[7] = blas_threads_local(self.p.dtype)
         self.sizes[:] = 0
         if any(self.p.nodes[k][0].kind == "linalg" for k in self.p.compute):
             t[5] = _addr(lapack_pointers(self.p.dtype)[0])

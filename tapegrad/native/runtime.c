@@ -408,6 +408,11 @@ void *tg_threads_team(int parts, long min_upd)
     return &tg_threads;
 }
 
+/* products of fewer multiply-adds run on one BLAS thread (side by side on 2 cores, a 128^3 product was
+ * 1.45x faster on BLAS's two threads, a 128x32x128 one no faster, and the flax encoder's program 1.2x
+ * slower, 1.5x at the 20th percentile on a loaded machine) */
+#define TG_MM_SERIAL (1L << 21)
+
 static _Thread_local void **tg_cur;   /* the table of the running entry point (set on entry) */
 
 typedef struct {
@@ -456,7 +461,13 @@ TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real
         pool->run(pool, pool->parts, tg_mm_part, &job);
         return;
     }
+    /* BLAS's own threads cost more than they save on a product this small (and inside jax.jit they would
+     * compete with XLA's): on one thread where the BLAS lets this thread alone ask for it (T[7]) */
+    int (*one_thread)(int) = tg_cur && (long)m * n * k < TG_MM_SERIAL ? (int (*)(int))tg_cur[7] : NULL;
+    int prior = one_thread ? one_thread(1) : 0;
     tg_mm_rows(gemm, ta, tb, 0, m, m, n, k, A, B, C);
+    if (one_thread)
+        one_thread(prior);
 }
 
 /* softmax / logsoftmax over the middle axis of (outer, n, inner); r: scratch of outer·inner. */

@@ -507,6 +507,7 @@ def value_and_grad(fn: Callable[..., Any], *example_args: Any, argnums: Union[in
     >>> float(v), [round(float(a), 6) for a in g]
     (1.0, [-0.666667, -0.666667, -0.666667])
     """
+    _host_backend("value_and_grad", backend)
     cap = capture_jax(fn, *example_args, argnums=argnums, has_aux=has_aux, backend=backend)
     call = program_call(cap.program, data=True)
     cap.argnums = argnums
@@ -543,6 +544,7 @@ def train_step(fn: Callable[..., Any], params: Any, *example_batch: Any, optimiz
     steps of it are checked against optax's own update from the same state: if they differ by more than
     rounding, the XLA form runs (and ``step.why`` says so).
     """
+    _host_backend("train_step", backend)
     step, why = None, "native_update=False"
     if native_update is not False:
         try:
@@ -558,6 +560,13 @@ def train_step(fn: Callable[..., Any], params: Any, *example_batch: Any, optimiz
     step.native_update, step.why = why is None, why
     init = jax.tree.map(jnp.array, params)   # copies: the first step donates them, the caller's stay alive
     return step, (init, optimizer.init(init))
+
+
+def _host_backend(who, backend):
+    if backend == "cupy":
+        raise CaptureError(f"{who}: backend='cupy' is not a backend of this call: its custom call runs on the CPU "
+                           f"(backend='native' or 'numpy'). For the GPU, interop.capture_jax(fn, ..., "
+                           f"backend='cupy') gives the CuPy Program of the same function")
 
 
 def _xla_step(fn, params, example_batch, optimizer, backend):

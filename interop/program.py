@@ -384,7 +384,13 @@ def _step_lr(program, lr):
 
 # ── public API ───────────────────────────────────────────────────────────────
 
-def _mode(program, native):
+def _mode(program, native, who):
+    if program.backend == "cupy":
+        # its buffers live on the device: a host call would read and write the host copies only
+        raise ProgramError(f"{who}: the program was captured with backend='cupy'; inside jax.jit a CuPy program "
+                           f"runs only as a whole training episode on the GPU (interop.program_episode_gpu, "
+                           f"captured with ordered=True). Capture with backend='native' (or 'numpy') for "
+                           f"{who}")
     if native is None:
         native = program.backend == "native" and native_library() is not None
     if native:
@@ -413,7 +419,7 @@ def program_call(program: Program, *, native: Optional[bool] = None, data: bool 
     ``native``: None (the FFI handler when the program is native and a compiler exists, else the
     zero-copy host callback), True or False to force one.
     """
-    native = _mode(program, native)
+    native = _mode(program, native, "program_call")
     sig = _Sig(program)
     np_, ni = len(sig.params), len(sig.inputs)
     attrs = {"data": np.int64(1)} if data and sig.data else {}
@@ -488,7 +494,7 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
     """
     if program.opt is None:
         raise ProgramError("program_episode: attach an optimizer first (program.attach(optimizer))")
-    native = _mode(program, native)
+    native = _mode(program, native, "program_episode")
     sig = _Sig(program)
     np_, ns = len(sig.params), len(sig.state)
     aliases = {k: k + 1 for k in range(np_ + ns + 1)}

@@ -4,11 +4,12 @@ Systems: tapegrad's eager tape, NumPy replay, native program and ``program_episo
 ``jax.jit``; ``jax.jit(value_and_grad + optax.adam)``; PyTorch eager with its Adam, unfused and fused
 (where torch is installed); HIPS autograd with Adam written in NumPy (where autograd is installed); and
 the same step written by hand in NumPy with no AD (the floor). Same model, same data, same optimizer;
-interleaved repeats, medians. Writes experiments/out/bench_peers.png (one panel per size) and
-bench_peers.md.
+interleaved repeats, medians. Writes experiments/out/bench_peers.png (one panel per size),
+bench_peers.md, and the measurements as bench_peers.json.
 
     python experiments/bench_peers.py          # tiny, small, medium, large (several minutes)
     python experiments/bench_peers.py --quick  # tiny and small, few repeats
+    python experiments/bench_peers.py --plot-only  # redraw the plot from experiments/out/bench_peers.json
 """
 import os
 import sys
@@ -20,6 +21,7 @@ sys.path.insert(0, HERE)
 from bench_capture import SIZES, jax_step, program_step  # noqa: E402
 from bench_eager import numpy_step, side_by_side, tape_step  # noqa: E402
 from mlp import blas_kernel, data, init  # noqa: E402
+from plots import add_plot_only, dump, duration, load, pyplot  # noqa: E402
 from progress import bar, cpu_model, parser, save  # noqa: E402
 
 LR = 1e-3
@@ -142,29 +144,56 @@ def markdown(rows, missing):
 
 
 def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(rows), figsize=(3.2 * len(rows), 4), squeeze=False)
-    for ax, (name, t) in zip(axes[0], rows.items()):
+    """One panel per size, systems as bars on a linear axis (length is time), each labelled with its time."""
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    plt = pyplot()
+    ncol = min(len(rows), 2)
+    nrow = -(-len(rows) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 0.36 * len(next(iter(rows.values()))) * nrow + 1.4),
+                             squeeze=False)
+    for ax, (name, t) in zip(axes.flat, rows.items()):
         names = list(t)
-        colors = ["C0" if n.startswith("tapegrad") else "C1" if n.startswith("jax") else "C7" for n in names]
+        colors = [COLORS[group(n)] for n in names]
         ax.barh(range(len(t)), [t[n] for n in names], color=colors)
-        ax.set_yticks(range(len(t)), names if ax is axes[0][0] else [""] * len(t), fontsize=7)
-        ax.set_xscale("log")
+        ax.set_yticks(range(len(t)), names if ax in axes[:, 0] else [], fontsize=9)
         ax.invert_yaxis()
-        ax.set_title(f"{name} (batch {SIZES[name][0]})", fontsize=9)
-        ax.set_xlabel("µs per step (log)", fontsize=8)
-    fig.tight_layout()
+        for k, n in enumerate(names):
+            ax.text(t[n], k, " " + duration(t[n]), va="center", fontsize=8)
+        ax.set_xlim(0, 1.25 * max(t.values()))          # room for the longest bar's label
+        ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.xaxis.set_major_formatter(FuncFormatter(duration))
+        ax.tick_params(axis="x", labelsize=8)
+        batch, sizes = SIZES[name]
+        ax.set_title(f"{name}: MLP {'-'.join(map(str, sizes))}, batch {batch}", fontsize=10)
+    for ax in axes.flat[len(rows):]:
+        ax.set_visible(False)
+    fig.legend([Patch(color=c) for c in COLORS.values()], list(COLORS), loc="lower center", ncol=len(COLORS),
+               fontsize=9, frameon=False)
+    fig.suptitle("time per training step (forward + backward + Adam, float64)\nshorter is faster", fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+COLORS = {"tapegrad": "C0", "jax.jit + optax": "C1", "others": "C7"}
+
+
+def group(system):
+    return "tapegrad" if system.startswith("tapegrad") else "jax.jit + optax" if system.startswith("jax") else "others"
 
 
 def main(argv=None):
     ap = parser(__doc__)
+    add_plot_only(ap)
     args = ap.parse_args(argv)
+    if args.plot_only:
+        rows = load(args.out, "bench_peers")["rows"]
+        return plot(rows, os.path.join(args.out, "bench_peers.png"))
     names = ("tiny", "small") if args.quick else tuple(SIZES)
     rows, missing = run(names, args.quick)
     text = markdown(rows, missing)
+    dump(args.out, "bench_peers", {"rows": rows, "missing": missing})
     save(args.out, "bench_peers", text, lambda path: plot(rows, path))
 
 

@@ -15,6 +15,7 @@ fused multiply-adds). Throughput by processes × devices is measured honestly on
 
     python experiments/data_parallel.py           # 1, 2 processes × 1, 2 devices each; table + plot
     python experiments/data_parallel.py --quick   # 2 processes × 2 devices, a few steps (the test suite)
+    python experiments/data_parallel.py --plot-only   # redraw from experiments/out/data_parallel.json
 
 On several hosts, run on each (same script, same data seed; host 0's address as coordinator):
 
@@ -33,6 +34,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from mlp import batches  # noqa: E402
+from plots import add_plot_only, dump, load, pyplot  # noqa: E402
 from progress import bar, cpu_model, parser, save  # noqa: E402
 
 FULL = dict(batch=64, sizes=(64, 128, 128, 10), steps=40, lr=1e-3)
@@ -142,7 +144,8 @@ def run(configs, cfg, quiet=False):
     for i, (nproc, ndev) in enumerate(configs):
         params, times = launch(nproc, ndev, cfg)
         steady = times[1:] if len(times) > 1 else times
-        rows.append((nproc, ndev, compare(params, ref), cfg["batch"] / float(np.median(steady))))
+        rows.append((nproc, ndev, compare(params, ref), cfg["batch"] / float(np.median(steady)),
+                     [float(t) for t in steady]))
         if not quiet:
             bar(i + 1, len(configs), f"{nproc} × {ndev}")
     return rows
@@ -154,20 +157,55 @@ def markdown(rows, cfg):
              f"float64; CPU: {cpu_model()} ({os.cpu_count()} cores); BLAS: {blas_kernel()}", "",
              "| processes × devices | shards | max rel. parameter difference from one process, full batch "
              f"(bound {BOUND:g}) | examples / s (median step) |", "|---|---:|---:|---:|"]
-    for nproc, ndev, diff, rate in rows:
+    for nproc, ndev, diff, rate, _ in rows:
         lines.append(f"| {nproc} × {ndev} | {nproc * ndev} | {diff:.1e} | {rate:,.0f} |")
     return "\n".join(lines) + "\n"
 
 
-def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.bar([f"{p}×{d}" for p, d, *_ in rows], [r[3] for r in rows])
-    ax.set(xlabel="processes × devices", ylabel="examples / s", title="data-parallel throughput")
+def plot(rows, path, cfg):
+    """Left, every timed step of each mesh (dots) and its median (line): where the time per step goes as
+    processes and devices are added; right, how far each mesh's parameters end from one process's, beside
+    the bound."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    plt = pyplot()
+    fig, (tax, dax) = plt.subplots(1, 2, figsize=(10, 0.55 * len(rows) + 2.4), sharey=True,
+                                   gridspec_kw={"width_ratios": (1.6, 1)})
+    y = np.arange(len(rows))
+    names = [f"{p} process{'es' if p > 1 else ''} × {d} device{'s' if d > 1 else ''}\n({p * d} shard"
+             f"{'s' if p * d > 1 else ''})" for p, d, *_ in rows]
+    rng = np.random.default_rng(0)
+    for k, (*_, times) in enumerate(rows):
+        ms = np.array(times) * 1e3
+        med = float(np.median(ms))
+        tax.plot(ms, k + rng.uniform(-0.15, 0.15, len(ms)), "o", ms=3, color="C0", alpha=0.7)
+        tax.vlines(med, k - 0.3, k + 0.3, color="k", lw=2)
+        tax.text(ms.min(), k - 0.34, f"median {med:.3g} ms = {cfg['batch'] / med * 1e3:,.0f} examples/s",
+                 fontsize=8)
+    span = max(max(r[4]) for r in rows) / min(min(r[4]) for r in rows)
+    if span > 10:                                        # a log axis only where the times span a decade
+        tax.set_xscale("log")
+        tax.xaxis.set_minor_formatter(NullFormatter())
+    tax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g} ms"))
+    tax.set_xlabel(f"time per training step{' (log scale)' if span > 10 else ''}: every step after the first; "
+                   "black: median")
+    tax.set_yticks(y, names, fontsize=9)
+    tax.set_ylim(len(rows) - 0.5, -0.6)
+    tax.grid(True, axis="x", which="both", alpha=0.3)
+    diffs = [r[2] for r in rows]
+    dax.plot(diffs, y, "o", color="C2")
+    for k, d in enumerate(diffs):
+        dax.text(d, k - 0.15, f"{d:.1e}", ha="center", va="bottom", fontsize=8)
+    dax.axvline(BOUND, color="C3", ls="--")
+    dax.text(BOUND, len(rows) - 0.55, f" bound {BOUND:g}", color="C3", fontsize=8, va="bottom")
+    dax.set_xscale("log")
+    dax.set_xlim(1e-17, BOUND * 100)
+    dax.grid(True, axis="x", alpha=0.3)
+    dax.set_xlabel("max rel. parameter difference from\none process on the full batch (log scale)")
+    fig.suptitle(f"data-parallel training of MLP {'-'.join(map(str, cfg['sizes']))}, global batch {cfg['batch']}, "
+                 f"{cfg['steps']} Adam steps on {os.cpu_count()} cores", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None):
@@ -178,7 +216,11 @@ def main(argv=None):
     ap.add_argument("--coordinator", default="127.0.0.1:12355")
     ap.add_argument("--config", help="the training configuration as JSON (default: the full one)")
     ap.add_argument("--result", default="data_parallel_rank0.npz")
+    add_plot_only(ap)
     args = ap.parse_args(argv)
+    if args.plot_only:
+        r = load(args.out, "data_parallel")
+        return plot(r["rows"], os.path.join(args.out, "data_parallel.png"), r["cfg"])
     cfg = json.loads(args.config) if args.config else (QUICK if args.quick else FULL)
     if args.config:
         cfg["sizes"] = tuple(cfg["sizes"])
@@ -187,7 +229,8 @@ def main(argv=None):
     configs = [(2, 2)] if args.quick else [(1, 1), (1, 2), (2, 1), (2, 2)]
     rows = run(configs, cfg)
     text = markdown(rows, cfg)
-    save(args.out, "data_parallel", text, lambda path: plot(rows, path))
+    dump(args.out, "data_parallel", {"cfg": cfg, "rows": rows})
+    save(args.out, "data_parallel", text, lambda path: plot(rows, path, cfg))
     return rows
 
 

@@ -6,11 +6,12 @@ thread and on two, inside jax.jit as one custom call per step, in ordered mode (
 serial in index order, no FMA: ``Tape(ordered=True)``), and — as reference points —
 jax.jit(value_and_grad + optax.adam) run twice and
 PyTorch eager where it is installed. Per step, each run's largest relative parameter difference from
-the eager tape; at the end, which pairs are bit-identical. Writes experiments/out/reproducibility.png
-and reproducibility.md.
+the eager tape; at the end, which pairs are bit-identical. Writes experiments/out/reproducibility.png,
+reproducibility.md, and the measurements as reproducibility.json.
 
     python experiments/reproducibility.py          # 100 steps
     python experiments/reproducibility.py --quick  # 5 steps of a small MLP (the test suite)
+    python experiments/reproducibility.py --plot-only  # redraw from experiments/out/reproducibility.json
 """
 import os
 import sys
@@ -21,6 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import tapegrad as tg  # noqa: E402
 from mlp import batches, blas_kernel, init, jax_loss, tape_loss  # noqa: E402
+from plots import add_plot_only, dump, load, pyplot  # noqa: E402
 from progress import bar, cpu_model, parser, save  # noqa: E402
 
 FULL = dict(batch=64, sizes=(64, 128, 128, 10), steps=100, lr=1e-3)
@@ -177,26 +179,71 @@ def markdown(r):
     return "\n".join(lines) + "\n"
 
 
+def classes(names, same):
+    """The runs grouped into classes of bit-identical trajectories, in the order of their first member."""
+    groups = []
+    for a in names:
+        for g in groups:
+            if same[(g[0], a)]:
+                g.append(a)
+                break
+        else:
+            groups.append([a])
+    return groups
+
+
 def plot(r, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    for name, d in r["drift"].items():
-        if any(d):
-            ax.semilogy(np.maximum(d, 1e-18), label=name, lw=1)
-    ax.set(xlabel="step", ylabel="max rel. parameter difference from the eager tape",
-           title="the same training run, run differently (bit-identical runs are not drawn)")
-    ax.legend(fontsize=6)
+    """One line per class of bit-identical runs (they would hide each other), the eager tape's class named
+    in the legend (drift 0 has no place on a log axis); markers staggered so close lines stay apart."""
+    import textwrap
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+    plt = pyplot()
+    drift, groups = r["drift"], classes(r["names"], r["same"])
+    zero = [g for g in groups if not any(drift[g[0]])]
+    drawn = sorted((g for g in groups if any(drift[g[0]])), key=lambda g: -drift[g[0]][-1])
+    fig, ax = plt.subplots(figsize=(7.5, 4.2 + 0.3 * (len(drawn) + len(zero))))
+    steps = len(drift[r["names"][0]])
+    label = lambda g, head="": textwrap.fill(head + " = ".join(g) + (f"  ({len(g)} runs, bit-identical)"
+                                                                      if len(g) > 1 else ""), 90)
+    for k, g in enumerate(drawn):
+        d = np.array(drift[g[0]])
+        ax.semilogy(np.arange(1, steps + 1), np.where(d > 0, d, np.nan), lw=1.5, color=f"C{k}", marker="os^vD<>ph*"[k % 10],
+                    markevery=(k * max(steps // 40, 1) % max(steps // 8, 1), max(steps // 8, 1)), ms=5,
+                    label=label(g))
+    for g in zero:
+        ax.plot([], [], " ", label=label(g, "drift 0 (no place on a log axis): "))
+    ax.axhline(np.finfo(float).eps, color="k", ls=":", lw=1, label="float64 ε (2.2e-16), for scale")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("Adam step (a gap: bit-identical to the eager tape at that step)")
+    ax.set_ylabel("max relative parameter difference\nfrom the eager tape")
+    ax.set_title(f"one training run, {len(r['names'])} ways: how far each drifts from the eager tape", fontsize=11)
+    ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.16), frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def saved(r):
+    """``run``'s result as JSON (pairs of runs as lists) and back."""
+    if "same" in r and isinstance(r["same"], dict):
+        return dict(r, same=[[a, b, v] for (a, b), v in r["same"].items()])
+    return dict(r, same={(a, b): v for a, b, v in r["same"]})
 
 
 def main(argv=None):
     ap = parser(__doc__)
+    add_plot_only(ap)
     args = ap.parse_args(argv)
+    if args.plot_only:
+        r = saved(load(args.out, "reproducibility"))
+        return plot(r, os.path.join(args.out, "reproducibility.png"))
     r = run(QUICK if args.quick else FULL)
     text = markdown(r)
+    dump(args.out, "reproducibility", saved(r))
     save(args.out, "reproducibility", text, lambda path: plot(r, path))
     return r
 

@@ -8,6 +8,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 pytest.importorskip("interop")
 
 
+def replot(module, name, data, out):
+    """Save ``data`` as the experiment's measurements and redraw them with ``--plot-only``: the PNG appears."""
+    import plots
+    plots.dump(str(out), name, data)
+    module.main(["--plot-only", "--out", str(out)])
+    assert (out / (name + ".png")).stat().st_size > 10_000
+
+
 @pytest.mark.matrix
 def test_transformer_three_ways():
     import transformer
@@ -24,13 +32,15 @@ def test_transformer_three_ways():
 
 
 @pytest.mark.matrix
-def test_fusion_study_fused_equals_unfused_with_fewer_kernels():
+def test_fusion_study_fused_equals_unfused_with_fewer_kernels(tmp_path):
     import fusion_study
     import transformer
     rows = fusion_study.run(fusion_study.QUICK_MLPS, transformer.QUICK, 1, 2, quiet=True)
     for name, nodes, (unfused, fused), t, same in rows:
         assert same, name
         assert fused < unfused, (name, unfused, fused)
+    replot(fusion_study, "fusion_study", {"rows": rows}, tmp_path)
+    assert fusion_study.short("MLP 64-512-512-512-512-10 (batch 64)") == "MLP 64-512×4-10"
 
 
 def test_finetune_memory_lazy_constants_hold_the_frozen_weight_once():
@@ -47,7 +57,7 @@ def test_finetune_memory_lazy_constants_hold_the_frozen_weight_once():
     assert dropped[1] <= eager[1] - 0.9 * w and lazy[1] <= eager[1] - 0.9 * w   # held after training
 
 
-def test_reproducibility_claims():
+def test_reproducibility_claims(tmp_path):
     import reproducibility as R
     r = R.run(R.QUICK, quiet=True)
     same, drift = r["same"], r["drift"]
@@ -61,16 +71,23 @@ def test_reproducibility_claims():
     assert same[("jax.jit + optax", "jax.jit + optax, again")]    # XLA is deterministic run to run
     for name, d in drift.items():
         assert max(d) < 1e-12, (name, max(d))                     # and everyone stays within 1e-12
+    groups = R.classes(r["names"], same)          # the plot's lines: one per class of bit-identical runs
+    assert sorted(sum(groups, [])) == sorted(r["names"])
+    assert all(same[(g[0], b)] for g in groups for b in g)
+    assert not any(same[(g[0], h[0])] for g in groups for h in groups if g is not h)
+    replot(R, "reproducibility", R.saved(r), tmp_path)
 
 
-def test_data_parallel_two_processes_two_devices_match_one_process():
+def test_data_parallel_two_processes_two_devices_match_one_process(tmp_path):
     import data_parallel as D
-    (nproc, ndev, diff, rate), = D.run([(2, 2)], D.QUICK, quiet=True)
+    rows = D.run([(2, 2)], D.QUICK, quiet=True)
+    (nproc, ndev, diff, rate, times), = rows
     assert diff <= D.BOUND, diff      # the all-reduce sums per-shard means in another order: not ==
-    assert rate > 0
+    assert rate > 0 and len(times) == D.QUICK["steps"] - 1 and min(times) > 0
+    replot(D, "data_parallel", {"cfg": D.QUICK, "rows": rows}, tmp_path)
 
 
-def test_bench_peers_measures_every_installed_system():
+def test_bench_peers_measures_every_installed_system(tmp_path):
     import bench_peers
     rows, missing = bench_peers.run(("tiny",), quick=True, quiet=True)
     t = rows["tiny"]
@@ -78,3 +95,12 @@ def test_bench_peers_measures_every_installed_system():
     assert all(v > 0 for v in t.values())
     for name, system in (("PyTorch", "PyTorch eager"), ("HIPS autograd", "HIPS autograd")):
         assert (name in missing) != (system in t)          # measured, or said to be missing
+    replot(bench_peers, "bench_peers", {"rows": rows, "missing": missing}, tmp_path)
+
+
+def test_plot_only_without_saved_measurements_says_what_to_run(tmp_path):
+    import bench_peers
+    with pytest.raises(SystemExit, match=r"no saved measurements at .*bench_peers\.json; run `python "
+                                         r"experiments/bench_peers\.py` \(with the same --out\) once first"):
+        bench_peers.main(["--plot-only", "--out", str(tmp_path)])
+    assert not list(tmp_path.iterdir())                           # and wrote nothing

@@ -205,11 +205,12 @@ def plot(r, path):
     steps = len(drift[r["names"][0]])
     label = lambda g, head="": textwrap.fill(head + " = ".join(g) + (f"  ({len(g)} runs, bit-identical)"
                                                                       if len(g) > 1 else ""), 90)
+    every = max(steps // 8, 1)                         # each line's markers start a little later
     for k, g in enumerate(drawn):
         d = np.array(drift[g[0]])
-        ax.semilogy(np.arange(1, steps + 1), np.where(d > 0, d, np.nan), lw=1.5, color=f"C{k}", marker="os^vD<>ph*"[k % 10],
-                    markevery=(k * max(steps // 40, 1) % max(steps // 8, 1), max(steps // 8, 1)), ms=5,
-                    label=label(g))
+        ax.semilogy(np.arange(1, steps + 1), np.where(d > 0, d, np.nan), lw=1.5, color=f"C{k}",
+                    marker="os^vD<>ph*"[k % 10],
+                    markevery=(k * every // len(drawn), every), ms=5, label=label(g))
     for g in zero:
         ax.plot([], [], " ", label=label(g, "drift 0 (no place on a log axis): "))
     ax.axhline(np.finfo(float).eps, color="k", ls=":", lw=1, label="float64 ε (2.2e-16), for scale")

@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: demo test docs matrix rows bench experiments mutants clean
 
-$(STAMP): pyproject.toml tapegrad/_ctape.c
+$(STAMP): pyproject.toml setup.py tapegrad/_ctape.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e ".[test]"

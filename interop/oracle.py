@@ -32,7 +32,7 @@ from tapegrad.errors import TapeError
 from ._jax import jax, jnp
 from .oracle_loops import loop_envs
 from .oracle_replay import (CONTROL, JEnv, Literal, Plan, Replay, bind, compiled, diff, is_data, is_float, is_key,
-                            lowp_bound, summary)
+                            kind, lowp_bound, summary)
 from .oracle_rules import CONSTANT, CONTROL_RULES, RULES, UnsupportedPrimitiveError, missing, primitive_table
 
 __all__ = ["check_grads", "assert_grads", "GradReport", "Divergence", "Kink", "Precision",
@@ -132,13 +132,23 @@ class GradReport:
     kinks: list = field(default_factory=list)
     leaves: tuple = ()
     aux: Any = None
+    jax_max: tuple = ()  # max |jax.grad| per leaf
+    scale: float = 0.0   # max |jax.grad| over the whole gradient
+
+    def _noise(self, a, m):
+        """A leaf whose gradient is zero on both sides up to rounding: both sides, and their difference,
+        at most ``bound`` times the whole gradient's scale (a relative error there means nothing)."""
+        return m is not None and self.scale > 0 and max(a, m) <= self.bound * self.scale
 
     def __str__(self):
         word = {"agree": "ok", "kink": "ok (differences only at kinks)", "mismatch": "MISMATCH",
                 "nonfinite": "NOT CHECKED (not finite on either side)"}[self.verdict]
         head = (f"check_grads: {word} (gradient error {self.error:.2g}, bound {self.bound:.2g}; {self.n_eqns} "
                 f"equations replayed; value {self.value:.17g} vs jax {self.jax_value:.17g})")
-        rows = [f"  {n}: max|Δ|={a:.3g} rel={r:.3g}" for n, a, r in zip(self.leaves, self.max_abs, self.max_rel)]
+        rows = [f"  {n}: max|Δ|={a:.3g} " + (f"both ≈ 0: rounding noise (max|jax.grad| {m:.2g}, "
+                                              f"{m / self.scale:.2g} of the largest gradient)" if self._noise(a, m)
+                                              else f"rel={r:.3g}")
+                for n, a, r, m in zip(self.leaves, self.max_abs, self.max_rel, self.jax_max or [None] * len(self.leaves))]
         if self.precision:
             rows.append(f"  precision: {self.precision}")
         rows += [f"  kink: {k}" for k in self.kinks]
@@ -162,7 +172,7 @@ def _leaf(x):
     if isinstance(x, jax.Array) and is_key(jax.typeof(x)):
         return x
     a = np.asarray(x) if not isinstance(x, jax.Array) else x
-    if np.dtype(a.dtype).kind == "f":
+    if kind(a.dtype) == "f":   # float16 and bfloat16 too: checked in float64, as float32 is
         return jnp.asarray(a, jnp.float64)
     return jnp.asarray(a)
 
@@ -214,7 +224,7 @@ def _prepare(f, args, argnums, has_aux):
         value_shape = out_shape[0]
     else:
         value_shape = out_shape
-    if not hasattr(value_shape, "shape") or value_shape.shape != () or np.dtype(value_shape.dtype).kind != "f":
+    if not hasattr(value_shape, "shape") or value_shape.shape != () or kind(value_shape.dtype) != "f":
         got = [f"{o.dtype}{list(o.shape)}" for o in outs] if not has_aux else [str(value_shape)]
         raise CheckGradsError(f"check_grads: f must return one scalar (a real float, as jax.grad needs), got {got}"
                               + (f"; {_NO_COMPLEX}" if _is_complex(value_shape) else
@@ -316,6 +326,10 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     differentiate, an output that is not one real scalar) ``CheckGradsError`` naming the argument or step.
     Like ``jax.jit``, the trace and JAX's compiled side are cached per function and argument types.
 
+    float16 and bfloat16 are floats as float32 is: such arguments are checked in float64 (a note
+    says so) and a step computing in them is compared at that precision's bound. A leaf whose
+    gradient is zero up to rounding on both sides is reported as ``both ≈ 0: rounding noise``.
+
     >>> import interop
     >>> from interop import jax, jnp
     >>> r = interop.check_grads(lambda w: jnp.tanh(w @ w).sum(), jnp.eye(3))
@@ -391,10 +405,13 @@ def _check(f, args, argnums, has_aux, rtol, seed):
                         jax_grads=_shape_like(p, leaves, jgrads), value=value, jax_value=float(jvalue),
                         max_abs=tuple(a for a, _ in diffs), max_rel=tuple(x for _, x in diffs), rtol=rtol,
                         n_eqns=r.index, bound=bound, error=error, precision=precision,
-                        leaves=tuple(p.names[i] for i in p.diff),
+                        leaves=tuple(p.names[i] for i in p.diff), scale=whole,
+                        jax_max=tuple(float(np.abs(np.where(np.isfinite(g), g, 0.0)).max(initial=0.0)) for g in jgrads),
                         aux=jax.tree.unflatten(p.aux_tree, list(jaux)) if has_aux else None)
-    if any(getattr(x, "dtype", None) == np.float32 for x in jax.tree.leaves(args)):
-        report.notes.append("float32 arguments were checked in float64")
+    lowered = sorted({str(np.dtype(x.dtype)) for x in jax.tree.leaves(args)
+                      if hasattr(x, "dtype") and kind(x.dtype) == "f" and np.dtype(x.dtype).itemsize < 8})
+    if lowered:
+        report.notes.append(f"{'/'.join(lowered)} arguments were checked in float64")
     finite = np.isfinite(value) and all(np.isfinite(g).all() for g in jgrads)
     if report.ok and not finite:   # NaN == NaN on both sides is no agreement: nothing could be checked
         report.ok, report.verdict = False, "nonfinite"

@@ -36,11 +36,22 @@ class NotReplayable(Exception):
 _KIND = {}   # dtype -> "key", or NumPy's kind letter (asking JAX about a dtype costs ~50 µs)
 
 
-def _kind(dtype):
+def kind(dtype):
+    """"key", or NumPy's kind letter, "f" for every real float: ml_dtypes' bfloat16 and float8 types
+    have NumPy kind "V" but are floats to JAX (and to the replay, which computes them in float64)."""
     k = _KIND.get(dtype)
     if k is None:
-        k = _KIND[dtype] = "key" if jax.dtypes.issubdtype(dtype, jax.dtypes.extended) else np.dtype(dtype).kind
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
+            k = "key"
+        elif jax.dtypes.issubdtype(dtype, np.floating):
+            k = "f"
+        else:
+            k = np.dtype(dtype).kind
+        _KIND[dtype] = k
     return k
+
+
+_kind = kind
 
 
 def is_key(aval):
@@ -437,7 +448,7 @@ class Replay:
         if isinstance(x, tg.Var):
             return x
         x = np.asarray(x)
-        if x.dtype.kind in "fc":
+        if kind(x.dtype) in "fc":
             return self.tape.const(np.asarray(x, dtype=self.tape.dtype))
         return self.tape.const(x)
 

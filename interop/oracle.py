@@ -31,8 +31,8 @@ from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
 from .oracle_loops import loop_envs
-from .oracle_replay import (CONTROL, JEnv, Literal, Plan, Replay, bind, compiled, diff, is_data, is_float, is_key,
-                            kind, lowp_bound, summary)
+from .oracle_replay import (CONTROL, CUSTOM_CALLS, TRUST, JEnv, Literal, Plan, Replay, bind, compiled, custom_name,
+                            diff, is_data, is_float, is_key, kind, lowp_bound, summary)
 from .oracle_rules import CONSTANT, CONTROL_RULES, RULES, UnsupportedPrimitiveError, missing, primitive_table
 
 __all__ = ["check_grads", "assert_grads", "GradReport", "Divergence", "Kink", "Precision",
@@ -66,10 +66,12 @@ class Divergence:
     max_abs: float
     max_rel: float
     where: str = ""    # inside loops and branches: e.g. "scan (step 3) › iteration 2"
+    rule: str = ""     # the custom_vjp/custom_jvp rule whose gradient differs from its body's, by its name
 
     def __str__(self):
         at = f" in {self.where}" if self.where else ""
-        return (f"equation {self.index}{at} ({self.kind}): {self.eqn}  max|Δ|={self.max_abs:.3g}  "
+        kind = f"{self.kind} of custom rule {self.rule}" if self.rule else self.kind
+        return (f"equation {self.index}{at} ({kind}): {self.eqn}  max|Δ|={self.max_abs:.3g}  "
                 f"rel={self.max_rel:.3g}")
 
 
@@ -177,11 +179,11 @@ def _leaf(x):
     return jnp.asarray(a)
 
 
-def _prepare(f, args, argnums, has_aux):
+def _prepare(f, args, argnums, has_aux, trust=frozenset()):
     leaves_p, tree = jax.tree_util.tree_flatten_with_path(args)
     leaves = [_leaf(x) for _, x in leaves_p]
     key = (id(f), tree, tuple((tuple(jax.typeof(x).shape), str(jax.typeof(x).dtype)) for x in leaves), argnums,
-           has_aux)
+           has_aux, trust)
     hit = _PREP.get(key)
     if hit is not None and hit.f is f:
         return hit, leaves
@@ -229,6 +231,12 @@ def _prepare(f, args, argnums, has_aux):
         raise CheckGradsError(f"check_grads: f must return one scalar (a real float, as jax.grad needs), got {got}"
                               + (f"; {_NO_COMPLEX}" if _is_complex(value_shape) else
                                  "" if has_aux else "; pass has_aux=True if f returns (value, aux)"))
+    if trust:
+        names = _custom_names(closed.jaxpr)
+        unknown = sorted(t for t in trust if t not in names and t not in {n.lstrip("_") for n in names})
+        if unknown:
+            raise CheckGradsError(f"check_grads: trust names {unknown}, but f has no custom_vjp/custom_jvp rule of "
+                                  f"that name (its custom rules: {sorted(names) or 'none'})")
     p.closed, p.plan = closed, Plan(closed)
     p.aux_tree = jax.tree.structure(out_shape[1]) if has_aux else None
     fun = jax.extend.core.jaxpr_as_fun(closed)
@@ -290,6 +298,19 @@ def _refuse_complex(p):
                               f"that depend on the differentiated arguments; {_NO_COMPLEX}")
 
 
+def _custom_names(jx):
+    """The names of every custom_vjp/custom_jvp call in a jaxpr, nested ones included."""
+    names = set()
+    for eqn in jx.eqns:
+        if eqn.primitive.name in CUSTOM_CALLS:
+            names.add(custom_name(eqn))
+        for val in eqn.params.values():
+            for j in (val if isinstance(val, tuple) else (val,)):
+                if hasattr(j, "eqns") or hasattr(j, "jaxpr"):
+                    names |= _custom_names(getattr(j, "jaxpr", j))
+    return names
+
+
 def _replayed(plan, tainted, top=None):
     """(step index, step, whether at the top level) of each step of ``plan`` that depends on the slots
     ``tainted`` and would be replayed, taint passing through float and complex results (``Plan.needed``
@@ -314,7 +335,7 @@ def _replayed(plan, tainted, top=None):
 # ── check_grads ──────────────────────────────────────────────────────────────
 
 def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
-                has_aux: bool = False, rtol: float = 1e-12, seed: int = 0) -> GradReport:
+                has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, trust: Sequence[str] = ()) -> GradReport:
     """Check ``jax.grad(f, argnums, has_aux)`` against tapegrad's reverse sweep of ``f``'s jaxpr.
 
     ``f`` is a scalar-valued JAX function (``jax.numpy``, ``lax``, ``jax.nn``, control flow,
@@ -330,6 +351,11 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     says so) and a step computing in them is compared at that precision's bound. A leaf whose
     gradient is zero up to rounding on both sides is reported as ``both ≈ 0: rounding noise``.
 
+    ``trust``: names of ``custom_vjp``/``custom_jvp`` rules (as JAX records them, leading underscores
+    optional) to replay as JAX gives them instead of checking them against their primal body, for
+    rules meant to differ (gradient scaling or reversal, straight-through estimators); a custom rule
+    that differs is otherwise located by name (``first_divergence.rule``).
+
     >>> import interop
     >>> from interop import jax, jnp
     >>> r = interop.check_grads(lambda w: jnp.tanh(w @ w).sum(), jnp.eye(3))
@@ -341,11 +367,17 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     (True, (3, 2))
     """
     with jax.enable_x64(True), np.errstate(all="ignore"):   # non-finite values are reported, not warned
-        return _check(f, args, argnums, has_aux, rtol, seed)
+        trust = frozenset((trust,) if isinstance(trust, str) else trust)
+        saved, TRUST[0] = TRUST[0], trust
+        try:
+            return _check(f, args, argnums, has_aux, rtol, seed, trust)
+        finally:
+            TRUST[0] = saved
 
 
 def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
-                 has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, allow_kinks: bool = True) -> GradReport:
+                 has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, trust: Sequence[str] = (),
+                 allow_kinks: bool = True) -> GradReport:
     """Like ``check_grads`` but raises ``GradientMismatchError`` (an ``AssertionError``) with the report.
 
     The form of ``jax.test_util.check_grads``; returns the report when the gradients agree (or
@@ -355,14 +387,14 @@ def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Se
     >>> from interop import jnp
     >>> _ = interop.assert_grads(lambda x: jnp.sum(jnp.tanh(x) ** 2), jnp.linspace(0.0, 1.0, 4))
     """
-    report = check_grads(f, *args, argnums=argnums, has_aux=has_aux, rtol=rtol, seed=seed)
+    report = check_grads(f, *args, argnums=argnums, has_aux=has_aux, rtol=rtol, seed=seed, trust=trust)
     if not report.ok or (report.verdict == "kink" and not allow_kinks):
         raise GradientMismatchError(str(report))
     return report
 
 
-def _check(f, args, argnums, has_aux, rtol, seed):
-    p, leaves = _prepare(f, args, argnums, has_aux)
+def _check(f, args, argnums, has_aux, rtol, seed, trust):
+    p, leaves = _prepare(f, args, argnums, has_aux, trust)
     try:
         vals, aux, jvalue, jgrads, jaux = p.jax_side(p.plan.const_vals, leaves)
     except (ValueError, TypeError, NotImplementedError) as e:
@@ -432,7 +464,8 @@ def _check(f, args, argnums, has_aux, rtol, seed):
         report.notes.append("the values differ although every step agrees with JAX's own evaluation of it: a "
                             "custom_jvp/custom_vjp rule returns another primal output than its body computes")
     failures = []
-    _search(p.plan, env, p.plan.units, "", rtol, np.random.default_rng(seed), failures, located.tainted)
+    _search(p.plan, env, p.plan.units, "", rtol, np.random.default_rng(seed), failures,
+            (located.tainted, located.slots))
     kinks = [k for _, k in failures if isinstance(k, Kink)]
     if failures and value_ok and len(kinks) == len(failures):
         report.ok, report.verdict, report.kinks = True, "kink", kinks
@@ -443,6 +476,12 @@ def _check(f, args, argnums, has_aux, rtol, seed):
         if not isinstance(k, Kink):
             report.first_divergence = report.first_divergence or d
             break
+    d = report.first_divergence
+    if d is not None and d.rule:
+        rule = d.rule
+        report.notes.append(f"the custom rule {rule} gives another gradient than the derivative of its primal body; "
+                            f"if it is meant to (gradient scaling or reversal, a straight-through estimator), "
+                            f"check_grads(..., trust=({rule.lstrip('_')!r},)) checks the rest of f with JAX's rule for it")
     return report
 
 
@@ -453,6 +492,7 @@ def _replay(p, leaves, jenv, rtol, compare):
     tenv = {p.plan.in_slots[i]: v for i, v in params.items()}
     r = Replay(tape, rtol, compare=compare)
     out = r.run(p.plan, tenv, jenv, top=True)[0]
+    r.slots = set(tenv)    # the top-level slots that depend on the differentiated arguments
     return r, out, params
 
 
@@ -550,7 +590,10 @@ def _local(plan, jenv, u, rtol, rng, ins=None, ct=None):
     j_grads = {s: np.zeros(np.shape(jin[first[s]])) for s in slots}
     for i, g in zip(fl, jg):
         j_grads[u.ins[i]] = j_grads[u.ins[i]] + np.asarray(g, np.float64)
-    bound = lowp_bound(float(jnp.finfo(r.lowp[0]).eps), rtol) if r.lowp else rtol
+    # an operand below float64 (a float32 constant) makes JAX's own VJP of the step round at its precision
+    eps = max([float(jnp.finfo(r.lowp[0]).eps) if r.lowp else 0.0] +
+              [float(jnp.finfo(v.aval.dtype).eps) for v in eqn.invars if is_float(v.aval)])
+    bound = lowp_bound(eps, rtol) if eps > 1e-15 else rtol
     whole = max(float(np.abs(np.where(np.isfinite(g), g, 0.0)).max(initial=0.0)) for g in j_grads.values())
     worst = (0.0, 0.0)
     for s in slots:
@@ -642,8 +685,9 @@ def _search(plan, jenv, units, where, rtol, rng, out, tainted=None, top=None):
     ``top``: the top-level step inside which this plan runs (None at the top level itself).
     """
     for u in units:
-        if tainted is not None and not any(k in tainted for k in range(u.start, u.end)):
-            continue
+        if tainted is not None and not any(k in tainted[0] for k in range(u.start, u.end)) and not (
+                u.start == u.end and any(isinstance(s, int) and s in tainted[1] for s in u.ins)):
+            continue   # (a call whose body has no step of its own, an identity, is judged by its operands)
         res = _local(plan, jenv, u, rtol, rng)
         if res is None:
             continue
@@ -657,5 +701,5 @@ def _search(plan, jenv, units, where, rtol, rng, out, tainted=None, top=None):
                 _search(body, env, body.units, f"{here}{u.eqn.primitive.name} (step {index}) › {label}", rtol, rng,
                         out, None, index)
         if len(out) == n0:
-            d = Divergence(index, summary(u.eqn), "vjp", res[0], res[1], where)
+            d = Divergence(index, summary(u.eqn), "vjp", res[0], res[1], where, custom_name(u.eqn) or "")
             out.append((d, _classify(plan, jenv, u, res, index, where, rtol, rng)))

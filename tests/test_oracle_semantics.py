@@ -91,3 +91,113 @@ def test_the_attention_key_bias_row_says_both_sides_are_rounding_noise():
     assert max(np.abs(kb).max(), np.abs(ref).max()) <= 1e-12 * r.scale
     others = [line for line in str(r).splitlines() if "kernel']" in line]
     assert others and all("rel=" in line for line in others)     # real gradients keep their relative error
+
+
+# ── 3. custom rules meant to differ: named, and trusted on request ───────────────────
+
+@jax.custom_vjp
+def grad_reverse(x):
+    """A gradient-reversal layer (domain-adversarial training): identity forward, negated gradient."""
+    return x
+
+
+grad_reverse.defvjp(lambda x: (x, None), lambda _, g: (-g,))
+
+
+def _adversarial(params, x, y, d):
+    """Shared features, a task head, and a domain head behind gradient reversal."""
+    h = jnp.tanh(x @ params["features"])
+    task = jnp.mean((h @ params["task"] - y) ** 2)
+    domain = jnp.mean(jax.nn.softplus(-d * (grad_reverse(h) @ params["domain"])))
+    return task + domain
+
+
+def _adversarial_data():
+    rng = np.random.default_rng(2)
+    params = {"features": rng.standard_normal((3, 4)) * 0.5, "task": rng.standard_normal((4, 1)),
+              "domain": rng.standard_normal((4, 1))}
+    return params, rng.standard_normal((5, 3)), rng.standard_normal((5, 1)), rng.choice([-1.0, 1.0], (5, 1))
+
+
+def test_a_gradient_reversal_layer_is_reported_at_its_rule_and_passes_when_trusted():
+    params, x, y, d = _adversarial_data()
+    r = interop.check_grads(_adversarial, params, x, y, d, argnums=0)
+    assert not r.ok and r.verdict == "mismatch"
+    assert r.first_divergence.rule == "grad_reverse", str(r)
+    assert "custom_vjp_call[name=grad_reverse]" in r.first_divergence.eqn
+    assert "(vjp of custom rule grad_reverse)" in str(r.first_divergence)
+    assert any("trust=('grad_reverse',)" in n for n in r.notes), r.notes
+    t = interop.check_grads(_adversarial, params, x, y, d, argnums=0, trust=("grad_reverse",))
+    assert t.ok and t.verdict == "agree" and t.bound == 1e-12, str(t)
+    with jax.enable_x64(True):
+        ref = jax.grad(_adversarial)(params, x, y, d)
+    # independently: reversal makes the features' gradient that of task − domain, the heads' that of task + domain
+    names = ("features", "task", "domain")
+
+    def split(sign):
+        def f(ls):
+            p = dict(zip(names, ls))
+            h = np.tanh(x @ p["features"])
+            task = np.mean((h @ p["task"] - y) ** 2)
+            dom = np.mean(np.logaddexp(0.0, -d * (h @ p["domain"])))
+            return task + sign * dom
+        return _fd(f, [params[n] for n in names])
+    minus, plus = split(-1.0), split(1.0)
+    for k, n in enumerate(names):
+        assert _close(t.grads[n], ref[n], 1e-12)
+        assert _close(t.grads[n], (minus if n == "features" else plus)[k], 1e-7)
+
+
+def test_a_trusted_rule_leaves_the_rest_of_the_function_checked():
+    params, x, y, d = _adversarial_data()
+
+    @jax.custom_vjp
+    def bad_tanh(z):                                  # a wrong rule elsewhere: 1 − tanh instead of 1 − tanh²
+        return jnp.tanh(z)
+    bad_tanh.defvjp(lambda z: (jnp.tanh(z), jnp.tanh(z)), lambda t, g: (g * (1 - t),))
+
+    def f(p):
+        h = bad_tanh(x @ p["features"])
+        return jnp.mean((h @ p["task"] - y) ** 2) + jnp.mean(grad_reverse(h) @ p["domain"])
+    r = interop.check_grads(f, params, trust="grad_reverse")
+    assert not r.ok and r.first_divergence.rule == "bad_tanh", str(r)
+
+
+def test_optax_scale_gradient_is_trusted_by_its_name_with_or_without_the_underscore():
+    optax = pytest.importorskip("optax")
+    w = np.linspace(-1.0, 1.0, 6).reshape(2, 3)
+
+    def f(w):
+        return jnp.sum(optax.scale_gradient(jnp.tanh(w), 0.5) ** 2)
+    r = interop.check_grads(f, w)
+    assert not r.ok and r.first_divergence.rule == "_scale_gradient", str(r)
+    for name in ("scale_gradient", "_scale_gradient"):
+        t = interop.check_grads(f, w, trust=(name,))
+        assert t.ok, str(t)
+        # d/dw of sum(tanh²) scaled by 0.5
+        assert _close(t.grads[0], 0.5 * 2 * np.tanh(w) * (1 - np.tanh(w) ** 2), 1e-12)
+
+
+def test_a_straight_through_estimator_passes_trusted():
+    @jax.custom_vjp
+    def ste_round(x):
+        return jnp.round(x)
+    ste_round.defvjp(lambda x: (jnp.round(x), None), lambda _, g: (g,))
+    w = np.array([[0.3, -1.2], [2.6, 0.8]])
+    x = np.array([[1.0, 0.5], [-0.25, 2.0]])
+
+    def f(w):
+        return jnp.sum((x @ ste_round(w * 4.0) / 4.0) ** 2)
+    assert not interop.check_grads(f, w).ok
+    t = interop.check_grads(f, w, trust=("ste_round",))
+    assert t.ok, str(t)
+    q = np.round(w * 4.0) / 4.0
+    assert _close(t.grads[0], x.T @ (2 * (x @ q)), 1e-12)          # the straight-through gradient
+
+
+def test_trusting_a_name_f_does_not_have_is_an_error_naming_its_rules():
+    params, x, y, d = _adversarial_data()
+    with pytest.raises(interop.CheckGradsError, match=r"trust names \['grad_revers'\], but f has no "
+                       r"custom_vjp/custom_jvp rule of that name \(its custom rules: \['grad_reverse'"):
+        interop.check_grads(_adversarial, params, x, y, d, argnums=0, trust=("grad_revers",))
+

@@ -179,16 +179,26 @@ def _leaf(x):
     return jnp.asarray(a)
 
 
+def _is_array(x):
+    return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
+
+
 def _prepare(f, args, argnums, has_aux, trust=frozenset()):
-    leaves_p, tree = jax.tree_util.tree_flatten_with_path(args)
+    all_p, tree = jax.tree_util.tree_flatten_with_path(args)
+    # non-array leaves (an equinox module's activation functions, strings, None-like markers) are static,
+    # as eqx.filter_grad treats them: closed over in the trace, their gradient None
+    pos = [i for i, (_, x) in enumerate(all_p) if _is_array(x)]
+    static = {i: x for i, (_, x) in enumerate(all_p) if not _is_array(x)}
+    leaves_p = [all_p[i] for i in pos]
     leaves = [_leaf(x) for _, x in leaves_p]
     key = (id(f), tree, tuple((tuple(jax.typeof(x).shape), str(jax.typeof(x).dtype)) for x in leaves), argnums,
-           has_aux, trust)
+           has_aux, trust, tuple((i, id(x)) for i, x in static.items()))
     hit = _PREP.get(key)
-    if hit is not None and hit.f is f:
+    if hit is not None and hit.f is f and all(hit.static[i] is x for i, x in static.items()):
         return hit, leaves
     p = _Prepared()
-    p.f, p.tree = f, tree
+    p.f, p.tree, p.pos, p.static, p.n_all = f, tree, pos, static, len(all_p)
+    p.static_names = [f"arg {all_p[i][0][0].idx}{jax.tree_util.keystr(all_p[i][0][1:])}" for i in static]
     nargs = len(args)
     which = tuple(range(nargs)) if argnums is None else ((argnums,) if isinstance(argnums, int) else tuple(argnums))
     for a in which:
@@ -209,7 +219,12 @@ def _prepare(f, args, argnums, has_aux, trust=frozenset()):
                          f"and key leaves are data, never differentiated)")
 
     def flat(*xs):
-        return f(*jax.tree.unflatten(tree, list(xs)))
+        full = [None] * len(all_p)
+        for i, x in zip(pos, xs):
+            full[i] = x
+        for i, x in static.items():
+            full[i] = x
+        return f(*jax.tree.unflatten(tree, full))
     try:
         closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*leaves)
     except jax.errors.ConcretizationTypeError as e:
@@ -354,7 +369,8 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     ``trust``: names of ``custom_vjp``/``custom_jvp`` rules (as JAX records them, leading underscores
     optional) to replay as JAX gives them instead of checking them against their primal body, for
     rules meant to differ (gradient scaling or reversal, straight-through estimators); a custom rule
-    that differs is otherwise located by name (``first_divergence.rule``).
+    that differs is otherwise located by name (``first_divergence.rule``). Non-array leaves of the
+    arguments (an equinox module's functions) are static, as ``eqx.filter_grad`` treats them.
 
     >>> import interop
     >>> from interop import jax, jnp
@@ -444,6 +460,11 @@ def _check(f, args, argnums, has_aux, rtol, seed, trust):
                       if hasattr(x, "dtype") and kind(x.dtype) == "f" and np.dtype(x.dtype).itemsize < 8})
     if lowered:
         report.notes.append(f"{'/'.join(lowered)} arguments were checked in float64")
+    if p.static:
+        shown = ", ".join(f"{n} ({type(x).__name__})" for n, x in zip(p.static_names[:4], list(p.static.values())[:4]))
+        more = f" and {len(p.static) - 4} more" if len(p.static) > 4 else ""
+        report.notes.append(f"{len(p.static)} non-array leaves held static, their gradient None (as eqx.filter_grad "
+                            f"does): {shown}{more}")
     finite = np.isfinite(value) and all(np.isfinite(g).all() for g in jgrads)
     if report.ok and not finite:   # NaN == NaN on both sides is no agreement: nothing could be checked
         report.ok, report.verdict = False, "nonfinite"
@@ -498,9 +519,9 @@ def _replay(p, leaves, jenv, rtol, compare):
 
 def _shape_like(p, leaves, grads):
     """Gradients in ``jax.grad``'s form for the argnums: per argument pytrees, None for non-float leaves."""
-    full = [None] * len(leaves)
+    full = [None] * p.n_all
     for i, g in zip(p.diff, grads):
-        full[i] = g
+        full[p.pos[i]] = g
     per_arg = jax.tree.unflatten(p.tree, full)
     if p.argnums is None:
         return tuple(per_arg)

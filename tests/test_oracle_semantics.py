@@ -201,3 +201,31 @@ def test_trusting_a_name_f_does_not_have_is_an_error_naming_its_rules():
                        r"custom_vjp/custom_jvp rule of that name \(its custom rules: \['grad_reverse'"):
         interop.check_grads(_adversarial, params, x, y, d, argnums=0, trust=("grad_revers",))
 
+
+
+# ── 4. non-array leaves in the arguments are static ────────────────────────────────
+
+def test_a_whole_equinox_module_as_the_argument_is_checked_as_eqx_filter_grad_differentiates_it():
+    eqx = pytest.importorskip("equinox")
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal((5, 3)), rng.standard_normal((5, 1))
+
+    def loss(model, x, y):
+        return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+    with jax.enable_x64(True):
+        model = eqx.nn.MLP(3, 1, 4, 2, activation=jax.nn.gelu, key=jax.random.PRNGKey(0), dtype=jnp.float64)
+        ref = eqx.filter_grad(loss)(model, x, y)
+    r = interop.check_grads(loss, model, x, y, argnums=0)
+    assert r.ok and r.verdict == "agree", str(r)
+    assert any(n.startswith("2 non-array leaves held static") and "arg 0.activation" in n for n in r.notes), r.notes
+    assert r.grads.activation is None and r.grads.final_activation is None        # as filter_grad gives
+    mine, theirs = jax.tree.leaves(r.grads), jax.tree.leaves(ref)
+    assert len(mine) == len(theirs) == 6
+    for a, b in zip(mine, theirs):
+        assert _close(a, b, 1e-12)
+    last = model.layers[-1]
+    with jax.enable_x64(True):
+        fd = _fd(lambda ls: float(loss(eqx.tree_at(lambda m: (m.layers[-1].weight, m.layers[-1].bias), model,
+                                                      (jnp.asarray(ls[0]), jnp.asarray(ls[1]))), x, y)),
+                 [np.asarray(last.weight), np.asarray(last.bias)])
+    assert _close(r.grads.layers[-1].weight, fd[0], 1e-7) and _close(r.grads.layers[-1].bias, fd[1], 1e-7)

@@ -538,10 +538,19 @@ def _top_k(r, xs, eqn):
 
 # ── products ─────────────────────────────────────────────────────────────────
 
+def _float(r, x):
+    """A float Var of operand ``x``: a bool or integer one (``dot_general`` takes mixed dtypes with a
+    ``preferred_element_type``, e.g. a matmul of a mask) promoted as JAX promotes it, into a constant."""
+    v = r.var(x)
+    if r.value(v).dtype.kind in "fc":
+        return v
+    return r.tape.const(r.value(v).astype(r.tape.dtype))
+
+
 @rule("dot_general", doc="`matmul` / `bmm` after `transpose` + `reshape`")
 def _dot_general(r, xs, eqn):
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
-    a, b = r.var(xs[0]), r.var(xs[1])
+    a, b = _float(r, xs[0]), _float(r, xs[1])
     lf = [k for k in range(a.ndim) if k not in lc and k not in lb]
     rf = [k for k in range(b.ndim) if k not in rc and k not in rb]
     sa, sb = a.shape, b.shape

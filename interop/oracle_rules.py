@@ -566,7 +566,24 @@ def _dot_general(r, xs, eqn):
     return _reshape(r, out, _out_shape(eqn))
 
 
-@rule("conv_general_dilated", doc="`tg.conv` in NCHW/OIHW after `transpose` by the dimension numbers",
+def _cropped(x, padding, dilation):
+    """``(x', padding')`` with no negative padding: a negative (lo, hi) crops the (lhs-dilated) input, as
+    JAX's own transpose of a strided convolution asks; a crop of the dilated sequence is a slice of ``x``
+    plus the zeros of the dilation it leaves at the ends."""
+    keep, pads = [slice(None)] * 2, []
+    for n, (lo, hi), d in zip(x.shape[2:], padding, dilation):
+        lo, hi, d = int(lo), int(hi), int(d)
+        first, last = max(-lo, 0), (n - 1) * d - max(-hi, 0)   # the kept span of the dilated input
+        i0, i1 = -(-first // d), last // d
+        if i1 < i0:
+            raise NotReplayable(f"padding {(lo, hi)} crops the whole input")
+        keep.append(slice(i0, i1 + 1))
+        pads.append((max(lo, 0) + i0 * d - first, max(hi, 0) + last - i1 * d))
+    return (x[tuple(keep)] if any(k != slice(None) for k in keep[2:]) else x), pads
+
+
+@rule("conv_general_dilated", doc="`tg.conv` in NCHW/OIHW after `transpose` by the dimension numbers "
+      "(a negative padding: a slice first)",
       needs=("conv",))
 def _conv(r, xs, eqn):
     p = eqn.params
@@ -575,7 +592,8 @@ def _conv(r, xs, eqn):
     lhs, rhs, out = p["dimension_numbers"]
     x = _permute(r, r.var(xs[0]), lhs)
     w = _permute(r, r.var(xs[1]), rhs)
-    y = tg.conv(x, w, stride=tuple(p["window_strides"]), padding=[tuple(q) for q in p["padding"]],
+    x, padding = _cropped(x, p["padding"], p["lhs_dilation"])
+    y = tg.conv(x, w, stride=tuple(p["window_strides"]), padding=padding,
                 lhs_dilation=tuple(p["lhs_dilation"]), rhs_dilation=tuple(p["rhs_dilation"]),
                 groups=int(p["feature_group_count"]), layout="NCHW" if x.ndim == 4 else ("NCW", "NCDHW")[x.ndim == 5])
     return _permute(r, y, np.argsort(out))

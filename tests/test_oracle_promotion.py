@@ -1,6 +1,6 @@
-"""The oracle on products of a bool or integer operand with a float one: ``dot_general`` takes mixed
-dtypes with a ``preferred_element_type`` (a matmul of a mask, of an integer one-hot matrix), and the
-replay promotes the data operand as JAX does (it raised ``ArgumentError: matmul ... got bool data``)."""
+"""The oracle on operands JAX accepts and the tape did not: a bool or integer operand of ``dot_general`` (mixed
+dtypes with a ``preferred_element_type``: a matmul of a mask, of an integer one-hot matrix), promoted as
+JAX promotes it (it raised ``ArgumentError``), and negative convolution padding, a crop (``ShapeError``)."""
 import numpy as np
 import pytest
 
@@ -42,3 +42,43 @@ def test_a_product_of_data_and_floats_replays_and_matches_finite_differences(dat
         want = jax.grad(f)(W, x, labels)
         fd = _fd(lambda w: f(w, x, labels), W)
         np.testing.assert_allclose(np.asarray(want), fd, rtol=0, atol=1e-7)
+
+
+def _conv(x, w, stride, padding="VALID", lhs_dilation=None):
+    return lax.conv_general_dilated(x, w, stride, padding, lhs_dilation=lhs_dilation,
+                                    dimension_numbers=("NCHW", "OIHW", "NCHW"))
+
+
+def test_negative_convolution_padding_crops_as_jax_s_transpose_of_a_strided_conv_asks():
+    """The norm of a strided conv's weight gradient (as per-example clipping in DP-SGD computes it):
+    differentiating it again, JAX transposes the weight gradient into a conv with padding ((0, -1), (0, -1))."""
+    rng = np.random.default_rng(1)
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.standard_normal((1, 2, 6, 6)))
+        w = jnp.asarray(rng.standard_normal((2, 2, 2, 2)))
+
+        def penalty(w, x):
+            gw = jax.grad(lambda w: jnp.sum(jnp.tanh(_conv(x, w, (3, 3)))))(w)
+            return jnp.sum(gw ** 2)
+
+        pads = [e.params["padding"] for e in jax.make_jaxpr(jax.grad(penalty))(w, x).jaxpr.eqns
+                if e.primitive.name == "conv_general_dilated"]
+        assert any(lo < 0 or hi < 0 for p in pads for lo, hi in p)   # the case this test is about
+        report = interop.check_grads(lambda w, x: jnp.sum(jnp.sin(jax.grad(penalty)(w, x))), w, x, argnums=0)
+        assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("padding", [((-1, 2), (1, -2)), ((-3, -1), (0, -4))])
+def test_negative_padding_of_an_lhs_dilated_conv_matches_jax_and_finite_differences(padding):
+    rng = np.random.default_rng(2)
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.standard_normal((2, 3, 5, 4)))
+        w = jnp.asarray(rng.standard_normal((2, 3, 2, 3)))
+
+        def f(x, w):
+            return jnp.sum(jnp.sin(_conv(x, w, (1, 1), padding, lhs_dilation=(2, 3))))
+
+        report = interop.check_grads(f, x, w)
+        assert report.ok, str(report)
+        fd = _fd(lambda w_: f(x, w_), w)
+        np.testing.assert_allclose(np.asarray(jax.grad(f, argnums=1)(x, w)), fd, rtol=0, atol=1e-7)

@@ -346,6 +346,16 @@ def _split(r, xs, eqn):
     return out
 
 
+@rule("tile", doc="`broadcast_to` of the operand with a unit axis before each, then `reshape`")
+def _tile(r, xs, eqn):
+    reps = tuple(int(k) for k in eqn.params["reps"])
+    x = r.var(xs[0])
+    shape = (1,) * (len(reps) - x.ndim) + tuple(x.shape)
+    spread = tuple(d for n in shape for d in (1, n))
+    x = _bcast(r, _reshape(r, x, spread), tuple(d for k, n in zip(reps, shape) for d in (k, n)))
+    return _reshape(r, x, _out_shape(eqn))
+
+
 @rule("rev", doc="`tg.flip` per axis", needs=("flip",))
 def _rev(r, xs, eqn):
     x = r.var(xs[0])

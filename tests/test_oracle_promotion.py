@@ -1,6 +1,7 @@
 """The oracle on operands JAX accepts and the tape did not: a bool or integer operand of ``dot_general`` (mixed
 dtypes with a ``preferred_element_type``: a matmul of a mask, of an integer one-hot matrix), promoted as
-JAX promotes it (it raised ``ArgumentError``), and negative convolution padding, a crop (``ShapeError``)."""
+JAX promotes it (it raised ``ArgumentError``), negative convolution padding, a crop (``ShapeError``), and the
+``tile`` primitive (``UnsupportedPrimitiveError``)."""
 import numpy as np
 import pytest
 
@@ -82,3 +83,20 @@ def test_negative_padding_of_an_lhs_dilated_conv_matches_jax_and_finite_differen
         assert report.ok, str(report)
         fd = _fd(lambda w_: f(x, w_), w)
         np.testing.assert_allclose(np.asarray(jax.grad(f, argnums=1)(x, w)), fd, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("reps", [(2, 3), (3,), (2, 1, 2)])
+def test_tile_replays_as_a_broadcast_and_matches_finite_differences(reps):
+    """``jnp.tile`` is a primitive of its own since JAX 0.10 (``tile[reps]``)."""
+    rng = np.random.default_rng(3)
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.standard_normal((2, 3)))
+        c = jnp.asarray(rng.standard_normal(np.tile(np.zeros((2, 3)), reps).shape))
+
+        def f(x):
+            return jnp.sum(jnp.sin(jnp.tile(x, reps)) * c)
+
+        assert "tile" in {e.primitive.name for e in jax.make_jaxpr(f)(x).jaxpr.eqns}
+        report = interop.check_grads(f, x)
+        assert report.ok, str(report)
+        np.testing.assert_allclose(np.asarray(jax.grad(f)(x)), _fd(f, x), rtol=0, atol=1e-7)

@@ -447,7 +447,8 @@ def _scatter_map(eqn, args):
 
 
 INDEX_MAPS = {"gather": _gather_map, "scatter-add": _scatter_map, "scatter_add": _scatter_map,
-              "scatter": _scatter_map}
+              "scatter": _scatter_map, "scatter-max": _scatter_map, "scatter_max": _scatter_map,
+              "scatter-min": _scatter_map, "scatter_min": _scatter_map}
 
 
 @rule("gather", doc="`tg.take` of the flat operand at indices JAX computes by gathering an iota "
@@ -474,6 +475,32 @@ def _scatter(fn_name):
     return f
 
 
+def _scatter_extremal(sign):
+    """scatter-max (sign 1) and scatter-min (−1): each result element is the max (min) of its operand
+    element and the updates JAX's index map sends there, replayed as a row-wise ``max`` of a masked
+    (result × candidates) matrix, so ties share the gradient as JAX's rule splits it."""
+    def f(r, xs, eqn):
+        m = r.aux().reshape(-1)
+        keep = np.nonzero(m)[0]
+        x, vals = _flat(r, xs[0]), _flat(r, xs[2])
+        if keep.size != m.size:
+            vals = tg.take(vals, keep, axis=0)
+        cand = tg.concat([x, vals], axis=0)
+        if sign < 0:
+            cand = _neg(r, cand)
+        n = x.shape[0]
+        to = np.concatenate([np.arange(n), m[keep] - 1])
+        dense = tg.where(to[None, :] == np.arange(n)[:, None], _bcast(r, cand, (n, to.size)), -np.inf)
+        out = r.tape.apply(O.max, dense, None, ((1,), False))
+        r.kink(_max_ties(r.value(dense), (1,), r.value(out)), "tied scatter extrema")
+        return _reshape(r, out if sign > 0 else _neg(r, out), _out_shape(eqn))
+    return f
+
+
+rule("scatter-max", "scatter_max", doc="row-wise `max` of a masked (result × candidates) matrix at the flat "
+     "indices JAX computes on an iota", needs=("where", "max", "concat"))(_scatter_extremal(1))
+rule("scatter-min", "scatter_min", doc="the same with `−max(−a)`",
+     needs=("where", "max", "concat"))(_scatter_extremal(-1))
 rule("scatter-add", "scatter_add", doc="`tg.index_add` at the flat indices JAX computes on an iota",
      needs=("index_add", "take"))(_scatter("index_add"))
 rule("scatter", doc="`tg.index_set` at the flat indices JAX computes on an iota",

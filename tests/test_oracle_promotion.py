@@ -1,7 +1,7 @@
 """The oracle on operands JAX accepts and the tape did not: a bool or integer operand of ``dot_general`` (mixed
 dtypes with a ``preferred_element_type``: a matmul of a mask, of an integer one-hot matrix), promoted as
 JAX promotes it (it raised ``ArgumentError``), negative convolution padding, a crop (``ShapeError``), and the
-``tile`` primitive (``UnsupportedPrimitiveError``)."""
+primitives ``tile`` and ``scatter-max``/``-min`` (``UnsupportedPrimitiveError``)."""
 import numpy as np
 import pytest
 
@@ -100,3 +100,23 @@ def test_tile_replays_as_a_broadcast_and_matches_finite_differences(reps):
         report = interop.check_grads(f, x)
         assert report.ok, str(report)
         np.testing.assert_allclose(np.asarray(jax.grad(f)(x)), _fd(f, x), rtol=0, atol=1e-7)
+
+
+def test_segment_max_and_min_replay_scatter_extrema_with_jax_s_tie_split():
+    """``jax.ops.segment_max``/``segment_min`` (graph networks' pooling) are scatter-max/-min; ties share
+    the gradient as JAX's rule splits it (the operand's initial value counts as a candidate)."""
+    rng = np.random.default_rng(4)
+    seg = jnp.array([0, 0, 1, 2, 2, 2, 1])
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.standard_normal(7))
+
+        def f(x):
+            return jnp.sum(jnp.sin(jax.ops.segment_max(x, seg, 4)[:3]) + jnp.cos(jax.ops.segment_min(x, seg, 3)))
+
+        assert {"scatter-max", "scatter-min"} <= {e.primitive.name for e in jax.make_jaxpr(f)(x).jaxpr.eqns}
+        report = interop.check_grads(f, x)
+        assert report.ok, str(report)
+        np.testing.assert_allclose(np.asarray(jax.grad(f)(x)), _fd(f, x), rtol=0, atol=1e-7)
+        tied = jnp.array([0.5, 0.5, -1.0, 2.0, 2.0, 1.0, 3.0])   # two maxima in segments 0 and 2
+        report = interop.check_grads(lambda x: jnp.sum(jax.ops.segment_max(x, seg, 3) ** 2), tied)
+        assert report.ok, str(report)

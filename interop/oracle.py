@@ -370,7 +370,9 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     optional) to replay as JAX gives them instead of checking them against their primal body, for
     rules meant to differ (gradient scaling or reversal, straight-through estimators); a custom rule
     that differs is otherwise located by name (``first_divergence.rule``). Non-array leaves of the
-    arguments (an equinox module's functions) are static, as ``eqx.filter_grad`` treats them.
+    arguments (an equinox module's functions) are static, as ``eqx.filter_grad`` treats them. A
+    ``while`` with a batched predicate (``vmap`` of a per-example stopping rule) runs while any lane
+    is active, finished lanes frozen, as JAX runs it.
 
     >>> import interop
     >>> from interop import jax, jnp
@@ -709,7 +711,13 @@ def _search(plan, jenv, units, where, rtol, rng, out, tainted=None, top=None):
         if tainted is not None and not any(k in tainted[0] for k in range(u.start, u.end)) and not (
                 u.start == u.end and any(isinstance(s, int) and s in tainted[1] for s in u.ins)):
             continue   # (a call whose body has no step of its own, an identity, is judged by its operands)
-        res = _local(plan, jenv, u, rtol, rng)
+        try:
+            res = _local(plan, jenv, u, rtol, rng)
+        except ValueError:   # a while loop JAX cannot reverse-differentiate: judged by its iterations only
+            if u.eqn.primitive.name != "while":
+                raise
+            _descend(u, jenv, where, rtol, rng, out, u.start if top is None else top)
+            continue
         if res is None:
             continue
         index = u.start if top is None else top
@@ -717,10 +725,15 @@ def _search(plan, jenv, units, where, rtol, rng, out, tainted=None, top=None):
         if u.children:
             _search(plan, jenv, u.children, where, rtol, rng, out, tainted, top)
         elif u.eqn.primitive.name in CONTROL:
-            here = f"{where} › " if where else ""
-            for label, body, env in loop_envs(u.eqn, [jenv.jax(s) for s in u.ins]):
-                _search(body, env, body.units, f"{here}{u.eqn.primitive.name} (step {index}) › {label}", rtol, rng,
-                        out, None, index)
+            _descend(u, jenv, where, rtol, rng, out, index)
         if len(out) == n0:
             d = Divergence(index, summary(u.eqn), "vjp", res[0], res[1], where, custom_name(u.eqn) or "")
             out.append((d, _classify(plan, jenv, u, res, index, where, rtol, rng)))
+
+
+def _descend(u, jenv, where, rtol, rng, out, index):
+    """``_search`` every iteration of a loop unit ``u``, or the branch taken."""
+    here = f"{where} › " if where else ""
+    for label, body, env in loop_envs(u.eqn, [jenv.jax(s) for s in u.ins]):
+        _search(body, env, body.units, f"{here}{u.eqn.primitive.name} (step {index}) › {label}", rtol, rng, out, None,
+                index)

@@ -50,18 +50,48 @@ def scan_env(eqn, jin):
     return body, jvals, (range(n - 1, -1, -1) if rev else range(n))
 
 
+def batched(eqn):
+    """Whether a ``while``'s predicate is a vector (``vmap`` of a loop whose stopping depends on the example)."""
+    return tuple(eqn.params["cond_jaxpr"].out_avals[0].shape) != ()
+
+
+def _frozen_body(eqn):
+    """A batched ``while``'s body as JAX runs it: its lanes advance where the predicate holds and stay
+    frozen where it does not, ``select(pred, body(c), c)``, the predicate broadcast along the carries'
+    leading axes. Its inputs are the cond constants, the body constants, then the carry."""
+    hit = _LOOP_FNS.get(("frozen", id(eqn)))
+    if hit is None or hit[0] is not eqn:
+        p = eqn.params
+        cn, bn, cj, bj = p["cond_nconsts"], p["body_nconsts"], p["cond_jaxpr"], p["body_jaxpr"]
+
+        def frozen(*ins):
+            carry = list(ins[cn + bn:])
+            pred = jax.core.eval_jaxpr(cj.jaxpr, cj.consts, *ins[:cn], *carry)[0]
+            new = jax.core.eval_jaxpr(bj.jaxpr, bj.consts, *ins[cn:cn + bn], *carry)
+            return [jax.lax.select(jax.lax.broadcast_in_dim(pred, jnp.shape(c), tuple(range(pred.ndim))), n, c)
+                    for n, c in zip(new, carry)]
+        closed = jax.make_jaxpr(frozen)(*[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars])
+        hit = _LOOP_FNS[("frozen", id(eqn))] = (eqn, closed)
+    return Plan.of(hit[1])
+
+
 def while_env(eqn, jin):
-    """(body plan, per-iteration values, trip count) of a ``while`` at JAX's operands ``jin``."""
+    """(body plan, per-iteration values, trip count) of a ``while`` at JAX's operands ``jin``.
+
+    A batched predicate runs the loop while any lane is active, finished lanes frozen (``_frozen_body``,
+    whose constants are the cond's and the body's)."""
     p = eqn.params
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    cplan, body = Plan.of(p["cond_jaxpr"]), Plan.of(p["body_jaxpr"])
+    cplan = Plan.of(p["cond_jaxpr"])
+    body = _frozen_body(eqn) if batched(eqn) else Plan.of(p["body_jaxpr"])
+    b0 = 0 if batched(eqn) else cn     # where the body's constants start among the operands
     sig = _sig(jin)
     count = _LOOP_FNS.get(("count", id(eqn), sig))
     if count is None or count[0] is not eqn:
         def trips(cc_consts, bc_consts, cconsts, bconsts, init):
             def cond(c):
                 vals, _ = cplan.evaluate(cc_consts, list(cconsts) + list(c[0]))
-                return cplan.out_value(vals, cplan.out_slots[0])
+                return jnp.any(cplan.out_value(vals, cplan.out_slots[0]))
 
             def step(c):
                 vals, _ = body.evaluate(bc_consts, list(bconsts) + list(c[0]))
@@ -71,8 +101,8 @@ def while_env(eqn, jin):
         if len(_LOOP_FNS) > 256:
             _LOOP_FNS.clear()
         count = _LOOP_FNS[("count", id(eqn), sig)] = (eqn, compiled(trips))
-    n = int(count[1](cplan.const_vals, body.const_vals, jin[:cn], jin[cn:cn + bn], jin[cn + bn:]))
-    jvals = body.scan_values(("while", n, sig), jin[cn:cn + bn], jin[cn + bn:], [], n, False, bn)
+    n = int(count[1](cplan.const_vals, body.const_vals, jin[:cn], jin[b0:cn + bn], jin[cn + bn:]))
+    jvals = body.scan_values(("while", n, sig), jin[b0:cn + bn], jin[cn + bn:], [], n, False, cn + bn - b0)
     return body, jvals, n
 
 
@@ -118,7 +148,8 @@ def while_rule(r, st, xs, jenv):
     p = st.eqn.params
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
     body, jvals, n = while_env(st.eqn, [jenv.jax(s) for s in st.ins])
-    carry, _ = _unroll(r, body, jvals, range(n), xs[cn:cn + bn], xs[cn + bn:], [], len(xs) - cn - bn)
+    b0 = 0 if batched(st.eqn) else cn
+    carry, _ = _unroll(r, body, jvals, range(n), xs[b0:cn + bn], xs[cn + bn:], [], len(xs) - cn - bn)
     return list(carry)
 
 

@@ -229,3 +229,67 @@ def test_a_whole_equinox_module_as_the_argument_is_checked_as_eqx_filter_grad_di
                                                       (jnp.asarray(ls[0]), jnp.asarray(ls[1]))), x, y)),
                  [np.asarray(last.weight), np.asarray(last.bias)])
     assert _close(r.grads.layers[-1].weight, fd[0], 1e-7) and _close(r.grads.layers[-1].bias, fd[1], 1e-7)
+
+
+# ── 5. vmap of a while loop with a per-example stopping condition ──────────────────────
+
+def _newton(f, x0, tol=1e-12):
+    def cond(c):
+        x, k = c
+        return (jnp.abs(f(x)) > tol) & (k < 60)
+
+    def body(c):
+        x, k = c
+        return x - f(x) / jax.grad(f)(x), k + 1
+    return jax.lax.while_loop(cond, body, (x0, 0))[0]
+
+
+def _cube_root(a):
+    return jax.lax.custom_root(lambda x: x ** 3 - a, a, _newton, lambda g, y: y / g(1.0))
+
+
+def test_a_batched_newton_solve_runs_while_any_lane_is_active_with_finished_lanes_frozen():
+    # 0.5 converges in a few steps, 100.0 after many (a lane starting at its root would take none, and the
+    # tape would then differentiate the identity: the custom rule against a body that did not iterate)
+    a = np.array([0.5, 2.0, 9.0, 100.0])
+    w = np.arange(1.0, 5.0)
+
+    def loss(a):
+        return jnp.sum(jax.vmap(_cube_root)(a) * w)
+    r = interop.check_grads(loss, a)
+    assert r.ok and r.verdict == "agree" and r.bound == 1e-12, str(r)
+    assert r.value == pytest.approx(float(np.sum(np.cbrt(a) * w)), rel=1e-14)   # no lane stepped past its root
+    with jax.enable_x64(True):
+        ref = jax.grad(loss)(jnp.asarray(a))
+    exact = w / (3.0 * np.cbrt(a) ** 2)             # d/da a^(1/3)
+    assert _close(r.grads[0], ref, 1e-12) and _close(r.grads[0], exact, 1e-10)
+
+
+def test_a_batched_bisection_inside_a_custom_vjp_is_replayed_lane_by_lane():
+    @jax.custom_vjp
+    def inverse_softplus(y):                        # bisection for x with softplus(x) = y, per example
+        def cond(c):
+            lo, hi = c
+            return hi - lo > 1e-13 * (1 + jnp.abs(hi))
+
+        def body(c):
+            lo, hi = c
+            mid = (lo + hi) / 2
+            up = jax.nn.softplus(mid) < y
+            return jnp.where(up, mid, lo), jnp.where(up, hi, mid)
+        lo, hi = jax.lax.while_loop(cond, body, (y - 30.0, y + 30.0))
+        return (lo + hi) / 2
+    inverse_softplus.defvjp(lambda y: (inverse_softplus(y), inverse_softplus(y)),
+                            lambda x, g: (g / jax.nn.sigmoid(x),))
+    y = np.array([0.1, 0.7, 2.0, 5.0])
+
+    def loss(y):
+        return jnp.sum(jax.vmap(inverse_softplus)(y) ** 2)
+    r = interop.check_grads(loss, y)
+    # the bisection's body is piecewise constant in y: the tape's gradient of it is 0, the rule's is not
+    assert not r.ok and r.first_divergence.rule == "inverse_softplus", str(r)
+    x = np.log(np.expm1(y))
+    with jax.enable_x64(True):
+        ref = jax.grad(loss)(jnp.asarray(y))
+    assert _close(ref, 2 * x / (1 / (1 + np.exp(-x))), 1e-9)        # JAX's side is the implicit derivative
+    assert r.value == pytest.approx(float(np.sum(x ** 2)), rel=1e-9)  # the lanes' roots, replayed

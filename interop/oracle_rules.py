@@ -551,6 +551,22 @@ for _p in ("cumsum", "cumprod", "cummax"):
     rule(_p, doc=f"`tg.{_p}`", needs=(_p,))(_cum(_p))
 
 
+@rule("cumlogsumexp", doc="`logsumexp` over the last axis of a (…, n, n) matrix holding each prefix, "
+      "the rest −∞ (stable at any spread of values; the gradient is each prefix's softmax)",
+      needs=("logsumexp", "where"))
+def _cumlogsumexp(r, xs, eqn):
+    axis = int(eqn.params["axis"]) % len(xs[0].shape)
+    x = r.var(xs[0])
+    perm = [k for k in range(x.ndim) if k != axis] + [axis]
+    x = _permute(r, x, perm)
+    n = x.shape[-1]
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    prefix = j >= i if eqn.params["reverse"] else j <= i
+    rows = _bcast(r, _reshape(r, x, tuple(x.shape[:-1]) + (1, n)), tuple(x.shape[:-1]) + (n, n))
+    out = tg.logsumexp(tg.where(prefix, rows, -np.inf), axis=-1)
+    return _permute(r, out, np.argsort(perm))
+
+
 @rule("cummin", doc="`−cummax(−a)`", needs=("cummax",))
 def _cummin(r, xs, eqn):
     return _neg(r, tg.cummax(_neg(r, r.var(xs[0])), axis=int(eqn.params["axis"]), reverse=bool(eqn.params["reverse"])))

@@ -1,7 +1,7 @@
 """The oracle on operands JAX accepts and the tape did not: a bool or integer operand of ``dot_general`` (mixed
 dtypes with a ``preferred_element_type``: a matmul of a mask, of an integer one-hot matrix), promoted as
 JAX promotes it (it raised ``ArgumentError``), negative convolution padding, a crop (``ShapeError``), and the
-primitives ``tile`` and ``scatter-max``/``-min`` (``UnsupportedPrimitiveError``)."""
+primitives ``tile``, ``scatter-max``/``-min`` and ``cumlogsumexp`` (``UnsupportedPrimitiveError``)."""
 import numpy as np
 import pytest
 
@@ -120,3 +120,18 @@ def test_segment_max_and_min_replay_scatter_extrema_with_jax_s_tie_split():
         tied = jnp.array([0.5, 0.5, -1.0, 2.0, 2.0, 1.0, 3.0])   # two maxima in segments 0 and 2
         report = interop.check_grads(lambda x: jnp.sum(jax.ops.segment_max(x, seg, 3) ** 2), tied)
         assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("axis, reverse", [(0, False), (1, True)])
+def test_cumlogsumexp_replays_stably_and_matches_finite_differences(axis, reverse):
+    """Values 30 apart: a single shift by the maximum would underflow the early prefixes to log(0)."""
+    rng = np.random.default_rng(5)
+    with jax.enable_x64(True):
+        x = jnp.asarray(rng.standard_normal((3, 5)) * 30)
+
+        def f(x):
+            return jnp.sum(jnp.sin(lax.cumlogsumexp(x, axis=axis, reverse=reverse)))
+
+        report = interop.check_grads(f, x)
+        assert report.ok, str(report)
+        np.testing.assert_allclose(np.asarray(jax.grad(f)(x)), _fd(f, x), rtol=0, atol=1e-6)

@@ -12,6 +12,7 @@ are ``oracle_replay``'s; calls are inlined there before any rule is consulted.
 import math
 
 import numpy as np
+import scipy.special as sc
 
 import tapegrad as tg
 from tapegrad import ops as O
@@ -56,7 +57,8 @@ CONSTANT = frozenset({"sign", "floor", "ceil", "round", "stop_gradient", "nextaf
 
 # Rules that read JAX's values of their own operands or results (the replay keeps those for them),
 # and rules whose results follow their operands one by one (an untainted operand stays untainted).
-VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort", "lu", "custom_linear_solve", "pow"})
+VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort", "lu", "custom_linear_solve", "pow", "erf_inv",
+                         "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac"})
 PER_OPERAND = frozenset({"optimization_barrier", "sort"})
 
 
@@ -138,6 +140,53 @@ def _fn(name, arity=1):
 for _p in ("log1p", "expm1", "erf", "erfc", "lgamma", "digamma", "sin", "cos", "tan", "asinh"):
     rule(_p, doc=f"`tg.{_p}`", needs=(_p,))(_fn(_p))
 rule("atan2", doc="`tg.atan2`", needs=("atan2",))(_fn("atan2", 2))
+
+
+# ── special functions the tape has no op for: JAX's value, the derivative written here ────────────
+
+def _at_value(r, x, y, d):
+    """``y + d · (x − x₀)`` at the point ``x₀ = x``: the value JAX computed (``y``) and the derivative ``d``
+    this rule computes independently, exact for the one reverse sweep the oracle runs (``d`` is a constant
+    of the tape, so a second derivative through it would be wrong: the jaxpr carries JAX's own derivative
+    equations for any inner grad, which are replayed step by step)."""
+    x = r.var(x)
+    return r.var(y) + r.var(d) * (x - r.var(r.value(x)))
+
+
+def _special(derivative):
+    def f(r, xs, eqn):
+        *fixed, x = xs
+        if any(isinstance(v, tg.Var) for v in fixed):
+            raise NotReplayable(f"{eqn.primitive.name} differentiated in its first operand (only the last has "
+                                f"a derivative here)")
+        y = r.jout()
+        with np.errstate(all="ignore"):
+            d = derivative(*(r.value(v) for v in fixed), r.value(x), y)
+        return _at_value(r, x, y, d)
+    return f
+
+
+def _i1e_slope(x, y):
+    safe = np.where(x == 0, 1.0, x)
+    return np.where(x == 0, 0.5, sc.i0e(x) - y * (np.sign(x) + 1.0 / safe))
+
+
+def _igamma_slope(a, x, y):
+    """d P(a, x)/dx = x^(a−1) e^(−x) / Γ(a), in logs (no overflow at large a or x)."""
+    return np.exp((a - 1.0) * np.log(x) - x - sc.gammaln(a))
+
+
+rule("erf_inv", doc="JAX's value; derivative √π/2 · e^(y²)")(
+    _special(lambda x, y: 0.5 * math.sqrt(math.pi) * np.exp(y * y)))
+rule("bessel_i0e", doc="JAX's value; derivative i1e(x) − sign(x) · y (scipy.special.i1e)")(
+    _special(lambda x, y: sc.i1e(x) - np.sign(x) * y))
+rule("bessel_i1e", doc="JAX's value; derivative i0e(x) − y · (sign(x) + 1/x), ½ at 0")(_special(_i1e_slope))
+rule("polygamma", doc="JAX's value; derivative ψ⁽ⁿ⁺¹⁾(x) (scipy.special.polygamma; n is not differentiated)")(
+    _special(lambda n, x, y: sc.polygamma(np.asarray(n, np.int64) + 1, x)))
+rule("igamma", doc="JAX's value of P(a, x); derivative in x: x^(a−1)e^(−x)/Γ(a) (a not differentiated)")(
+    _special(_igamma_slope))
+rule("igammac", doc="JAX's value of Q(a, x) = 1 − P(a, x); derivative in x: −x^(a−1)e^(−x)/Γ(a)")(
+    _special(lambda a, x, y: -_igamma_slope(a, x, y)))
 
 
 def _half(v):

@@ -1,7 +1,8 @@
 """The oracle on operands JAX accepts and the tape did not: a bool or integer operand of ``dot_general`` (mixed
 dtypes with a ``preferred_element_type``: a matmul of a mask, of an integer one-hot matrix), promoted as
 JAX promotes it (it raised ``ArgumentError``), negative convolution padding, a crop (``ShapeError``), and the
-primitives ``tile``, ``scatter-max``/``-min`` and ``cumlogsumexp`` (``UnsupportedPrimitiveError``)."""
+primitives ``tile``, ``scatter-max``/``-min``, ``cumlogsumexp`` and the special functions ``erf_inv``,
+``bessel_i0e``/``i1e``, ``polygamma``, ``igamma``/``igammac`` (``UnsupportedPrimitiveError``)."""
 import numpy as np
 import pytest
 
@@ -135,3 +136,37 @@ def test_cumlogsumexp_replays_stably_and_matches_finite_differences(axis, revers
         report = interop.check_grads(f, x)
         assert report.ok, str(report)
         np.testing.assert_allclose(np.asarray(jax.grad(f)(x)), _fd(f, x), rtol=0, atol=1e-6)
+
+
+SPECIAL = {
+    "erf_inv": (lambda x: jnp.sum(jnp.sin(jax.scipy.special.erfinv(0.3 * x))), False),
+    "bessel_i0e": (lambda x: jnp.sum(jax.scipy.special.i0e(x) ** 2), False),
+    "bessel_i1e": (lambda x: jnp.sum(jnp.cos(jax.scipy.special.i1e(x))), False),
+    "polygamma": (lambda x: jnp.sum(jax.scipy.special.polygamma(2, x)), True),
+    "igamma": (lambda x: jnp.sum(jax.scipy.stats.gamma.logcdf(x, 2.5)), True),
+    "igammac": (lambda x: jnp.sum(jax.scipy.special.gammaincc(2.5, x) * x), True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPECIAL))
+def test_special_functions_replay_with_their_derivative_written_here(name):
+    """JAX's value with an independently written derivative; checked against jax.grad (the oracle) and
+    finite differences, and inside a gradient penalty (the jaxpr then holds JAX's own derivative steps)."""
+    f, positive = SPECIAL[name]
+    with jax.enable_x64(True):
+        x = jnp.array([0.3, 1.2, -0.7, 2.5, 1e-4])
+        x = jnp.abs(x) + 0.1 if positive else x
+        assert name in {e.primitive.name for e in jax.make_jaxpr(f)(x).jaxpr.eqns}
+        report = interop.check_grads(f, x)
+        assert report.ok, str(report)
+        np.testing.assert_allclose(np.asarray(jax.grad(f)(x)), _fd(f, x), rtol=1e-6, atol=1e-7)
+        penalty = interop.check_grads(lambda x: f(x) + jnp.sum(jax.grad(f)(x) ** 2), x)
+        assert penalty.ok, str(penalty)
+
+
+def test_the_shape_parameter_of_igamma_is_refused_by_name():
+    from interop.oracle_rules import UnsupportedPrimitiveError
+    with jax.enable_x64(True):
+        f = lambda a: jnp.sum(jax.scipy.stats.gamma.cdf(jnp.array([0.5, 2.0]), a))   # noqa: E731
+        with pytest.raises(UnsupportedPrimitiveError, match=r"igamma \(igamma differentiated in its first operand"):
+            interop.check_grads(f, jnp.array([1.5, 2.5]))

@@ -31,8 +31,8 @@ from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
 from .oracle_loops import loop_envs
-from .oracle_replay import (CONTROL, CUSTOM_CALLS, TRUST, JEnv, Literal, Plan, Replay, bind, compiled, custom_name,
-                            diff, is_data, is_float, is_key, kind, lowp_bound, summary)
+from .oracle_replay import (CONTROL, CUSTOM_CALLS, TRUST, JEnv, Literal, Plan, Replay, compiled, custom_name,
+                            diff, is_data, is_float, is_key, kind, lowp_bound, of_floats, summary)
 from .oracle_rules import CONSTANT, CONTROL_RULES, RULES, UnsupportedPrimitiveError, missing, primitive_table
 
 __all__ = ["check_grads", "assert_grads", "GradReport", "Divergence", "Kink", "Precision",
@@ -557,13 +557,7 @@ def _vjp_fn(eqn, fl, fo):
     hit = _VJP.get(key)
     if hit is None or hit[0] is not eqn:
         def run(diff_vals, all_vals, cts):
-            def g(*d):
-                vals = list(all_vals)
-                for i, v in zip(fl, d):
-                    vals[i] = v
-                outs = bind(eqn, vals)
-                return [outs[j] for j in fo]
-            return jax.vjp(g, *diff_vals)[1](cts)
+            return jax.vjp(of_floats(eqn, all_vals, fl, fo), *diff_vals)[1](cts)
         if len(_VJP) > 2048:
             _VJP.clear()
         hit = _VJP[key] = (eqn, compiled(run))

@@ -155,6 +155,17 @@ def bind(eqn, args):
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
+def of_floats(eqn, all_vals, fl, fo):
+    """``eqn`` as a function of its operands ``fl`` (the others fixed at ``all_vals``) giving its results ``fo``."""
+    def g(*d):
+        vals = list(all_vals)
+        for i, v in zip(fl, d):
+            vals[i] = v
+        outs = bind(eqn, vals)
+        return [outs[j] for j in fo]
+    return g
+
+
 class Plan:
     """A jaxpr flattened into ``steps`` over numbered slots, with a compiled evaluator of every slot.
 

@@ -12,7 +12,7 @@ import numpy as np
 import tapegrad as tg
 
 from ._jax import jax
-from .oracle_replay import NotReplayable, bind, compiled, custom_name, is_float
+from .oracle_replay import NotReplayable, compiled, custom_name, is_float, of_floats
 
 MAX_ENTRIES = 1 << 24   # the Jacobian is materialised: refused above 16M entries (128 MiB in float64)
 
@@ -24,13 +24,7 @@ def _jacobian_fn(eqn, fl, fo):
     hit = _JAC.get(key)
     if hit is None or hit[0] is not eqn:
         def run(diff_vals, all_vals):
-            def g(*d):
-                vals = list(all_vals)
-                for i, v in zip(fl, d):
-                    vals[i] = v
-                outs = bind(eqn, vals)
-                return [outs[j] for j in fo]
-            return jax.jacrev(g, argnums=tuple(range(len(fl))))(*diff_vals)
+            return jax.jacrev(of_floats(eqn, all_vals, fl, fo), argnums=tuple(range(len(fl))))(*diff_vals)
         if len(_JAC) > 256:
             _JAC.clear()
         hit = _JAC[key] = (eqn, compiled(run))

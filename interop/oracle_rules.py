@@ -58,7 +58,7 @@ CONSTANT = frozenset({"sign", "floor", "ceil", "round", "stop_gradient", "nextaf
 # Rules that read JAX's values of their own operands or results (the replay keeps those for them),
 # and rules whose results follow their operands one by one (an untainted operand stays untainted).
 VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort", "lu", "custom_linear_solve", "pow", "erf_inv",
-                         "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac"})
+                         "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac", "eigh"})
 PER_OPERAND = frozenset({"optimization_barrier", "sort"})
 
 
@@ -756,6 +756,35 @@ def _lu(r, xs, eqn):
     order = np.empty(n * n, np.int64)
     order[np.asarray(where)] = np.arange(n * n)
     return [_reshape(r, tg.take(flat, order, axis=0), (n, n)), None, None]
+
+
+# A relative eigenvalue gap below this makes eigenvector derivatives (1/gap) meaningless to compare
+EIGH_GAP = 1e-8
+
+
+@rule("eigh", doc="JAX's (v, w) with the derivative written here: dw = diag(Vᵀ dA V), dV = V (F ∘ Vᵀ dA V), "
+      "F = 1/(w_j − w_i) off the diagonal (2-D; near-degenerate spectra refused as ill-conditioned)",
+      needs=("matmul",))
+def _eigh(r, xs, eqn):
+    a = r.var(xs[0])
+    if a.ndim != 2 or eqn.params.get("subset_by_index") not in (None, (0, a.shape[0])):
+        raise NotReplayable(f"eigh of shape {a.shape} or of a subset (the full spectrum of one matrix only)")
+    v, w = r.jout(0), r.jout(1)
+    n = w.shape[0]
+    gaps = np.where(np.eye(n, dtype=bool), np.inf, np.abs(w[None, :] - w[:, None]))
+    scale = max(float(np.max(np.abs(w))), np.finfo(float).tiny)
+    i, j = np.unravel_index(np.argmin(gaps), gaps.shape)
+    if gaps[i, j] <= EIGH_GAP * scale:
+        raise NotReplayable(f"eigh: eigenvalues {i} and {j} agree to {gaps[i, j] / scale:.1e} relative (below "
+                            f"{EIGH_GAP:g}): the eigenvectors' gradient (1/gap) is ill-conditioned, JAX's as well")
+    with np.errstate(divide="ignore"):
+        F = np.where(np.eye(n, dtype=bool), 0.0, 1.0 / (w[None, :] - w[:, None]))
+    jw = np.einsum("ak,bk->kab", v, v).reshape(n, n * n)
+    jv = np.einsum("ik,kj,ak,bj->ijab", v, F, v, v).reshape(n * n, n * n)
+    delta = _reshape(r, a - r.var(r.value(a)), (n * n, 1))
+    dv = _reshape(r, tg.matmul(r.var(jv), delta), (n, n))
+    dw = _reshape(r, tg.matmul(r.var(jw), delta), (n,))
+    return [r.var(v) + dv, r.var(w) + dw]
 
 
 # ── control flow and solves (oracle_replay) ──────────────────────────────────

@@ -2,7 +2,7 @@
 dtypes with a ``preferred_element_type``: a matmul of a mask, of an integer one-hot matrix), promoted as
 JAX promotes it (it raised ``ArgumentError``), negative convolution padding, a crop (``ShapeError``), and the
 primitives ``tile``, ``scatter-max``/``-min``, ``cumlogsumexp`` and the special functions ``erf_inv``,
-``bessel_i0e``/``i1e``, ``polygamma``, ``igamma``/``igammac`` (``UnsupportedPrimitiveError``)."""
+``bessel_i0e``/``i1e``, ``polygamma``, ``igamma``/``igammac`` and ``eigh`` (``UnsupportedPrimitiveError``)."""
 import numpy as np
 import pytest
 
@@ -170,3 +170,22 @@ def test_the_shape_parameter_of_igamma_is_refused_by_name():
         f = lambda a: jnp.sum(jax.scipy.stats.gamma.cdf(jnp.array([0.5, 2.0]), a))   # noqa: E731
         with pytest.raises(UnsupportedPrimitiveError, match=r"igamma \(igamma differentiated in its first operand"):
             interop.check_grads(f, jnp.array([1.5, 2.5]))
+
+
+def test_eigh_replays_eigenvalues_and_eigenvectors_and_refuses_a_degenerate_spectrum_by_name():
+    from interop.oracle_rules import UnsupportedPrimitiveError
+    rng = np.random.default_rng(6)
+    with jax.enable_x64(True):
+        A = jnp.asarray(rng.standard_normal((4, 4)))
+        c, d = jnp.asarray(rng.standard_normal(4)), jnp.asarray(rng.standard_normal((4, 4)))
+
+        def f(A):   # eigenvalues of a Gram matrix, and squared eigenvectors (their sign does not matter)
+            return jnp.sum(jnp.linalg.eigh(A @ A.T)[0] * c) + jnp.sum(jnp.linalg.eigh(A + A.T)[1] ** 2 * d)
+
+        report = interop.check_grads(f, A)
+        assert report.ok, str(report)
+        np.testing.assert_allclose(np.asarray(jax.grad(f)(A)), _fd(f, A), rtol=0, atol=1e-6)
+        flat = lambda A: jnp.sum(jnp.linalg.eigh(jnp.eye(3) + 0.0 * A)[1] ** 2 * d[:3, :3])   # noqa: E731
+        with pytest.raises(UnsupportedPrimitiveError, match=r"eigh: eigenvalues 0 and 1 agree to 0\.0e\+00 "
+                                                             r"relative .*ill-conditioned"):
+            interop.check_grads(flat, A[:3, :3])

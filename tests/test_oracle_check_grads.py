@@ -112,12 +112,12 @@ def test_python_control_flow_says_what_to_use_instead():
 
 
 def test_unsupported_primitives_are_all_named_and_part_of_the_family():
-    f = lambda x: jax.scipy.special.i1e(x).sum() + jnp.fft.fft(x).real.sum()  # noqa: E731
-    with pytest.raises(interop.UnsupportedPrimitiveError, match=r"\['bessel_i1e', 'fft'\]") as e:
+    f = lambda x: jnp.linalg.svd(jnp.outer(x, x) + jnp.eye(3), compute_uv=False).sum() + jnp.fft.fft(x).real.sum()  # noqa: E731,E501
+    with pytest.raises(interop.UnsupportedPrimitiveError, match=r"\['fft', 'svd'\]") as e:
         interop.check_grads(f, jnp.ones(3))
     assert isinstance(e.value, tg.TapeError) and isinstance(e.value, NotImplementedError)
     # on constants only they are fine: JAX evaluates them
-    r = interop.check_grads(lambda x: (x * jax.scipy.special.i1e(jnp.arange(3.0))).sum(), jnp.ones(3))
+    r = interop.check_grads(lambda x: (x * jnp.fft.fft(jnp.arange(3.0)).real).sum(), jnp.ones(3))
     assert r.ok
 
 

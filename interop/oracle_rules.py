@@ -58,7 +58,7 @@ CONSTANT = frozenset({"sign", "floor", "ceil", "round", "stop_gradient", "nextaf
 # Rules that read JAX's values of their own operands or results (the replay keeps those for them),
 # and rules whose results follow their operands one by one (an untainted operand stays untainted).
 VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort", "lu", "custom_linear_solve", "pow", "erf_inv",
-                         "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac", "eigh"})
+                         "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac", "eigh", "qr"})
 PER_OPERAND = frozenset({"optimization_barrier", "sort"})
 
 
@@ -567,6 +567,17 @@ def _reduce_sum(r, xs, eqn):
     return r.tape.apply(O.sum, r.var(xs[0]), None, (_axes(eqn), False))
 
 
+@rule("psum", doc="`sum` over its positional axes (a `vmap` axis name, e.g. BatchNorm under "
+      "`vmap(axis_name=...)`, is batched into one); a mesh axis name is not replayed")
+def _psum(r, xs, eqn):
+    axes = tuple(eqn.params["axes"])
+    if not all(isinstance(a, (int, np.integer)) for a in axes):
+        raise NotReplayable(f"psum over named axes {axes} (a collective of shard_map/pmap)")
+    axes = tuple(int(a) for a in axes)
+    outs = [r.tape.apply(O.sum, r.var(x), None, (axes, False)) if isinstance(x, tg.Var) else None for x in xs]
+    return outs if eqn.primitive.multiple_results else outs[0]   # one operand: not a multiple-results bind
+
+
 def _max_ties(v, axes, out):
     return int(np.sum(v == np.expand_dims(out, axes))) - int(np.size(out))
 
@@ -785,6 +796,27 @@ def _eigh(r, xs, eqn):
     dv = _reshape(r, tg.matmul(r.var(jv), delta), (n, n))
     dw = _reshape(r, tg.matmul(r.var(jw), delta), (n,))
     return [r.var(v) + dv, r.var(w) + dw]
+
+
+@rule("qr", doc="JAX's (Q, R) with the derivative written here: C = Qᵀ dA R⁻¹, Ω = tril(C, −1) − tril(C, −1)ᵀ, "
+      "dR = (C − Ω) R, dQ = dA R⁻¹ − Q (C − Ω) (2-D reduced, m ≥ n, unpivoted)", needs=("matmul",))
+def _qr(r, xs, eqn):
+    a = r.var(xs[0])
+    m, n = a.shape if a.ndim == 2 else (0, 1)
+    if a.ndim != 2 or m < n or eqn.params.get("pivoting") or (eqn.params.get("full_matrices") and m > n):
+        raise NotReplayable(f"qr of shape {a.shape} with {dict(eqn.params)} (a reduced, unpivoted m >= n matrix only)")
+    q, rr = r.jout(0), r.jout(1)
+    rinv = np.linalg.inv(rr)
+    basis = np.eye(m * n).reshape(m * n, m, n)                        # every direction dA at once
+    c = np.einsum("ji,kjl,lp->kip", q, basis, rinv)
+    low = np.tril(c, -1)
+    c_minus_omega = c - (low - np.swapaxes(low, 1, 2))
+    jr = np.einsum("kij,jl->kil", c_minus_omega, rr).reshape(m * n, n * n).T
+    jq = (np.einsum("kij,jl->kil", basis, rinv) - np.einsum("ij,kjl->kil", q, c_minus_omega)).reshape(m * n, m * n).T
+    delta = _reshape(r, a - r.var(r.value(a)), (m * n, 1))
+    dq = _reshape(r, tg.matmul(r.var(jq), delta), (m, n))
+    dr = _reshape(r, tg.matmul(r.var(jr), delta), (n, n))
+    return [r.var(q) + dq, r.var(rr) + dr]
 
 
 # ── control flow and solves (oracle_replay) ──────────────────────────────────

@@ -2,7 +2,8 @@
 dtypes with a ``preferred_element_type``: a matmul of a mask, of an integer one-hot matrix), promoted as
 JAX promotes it (it raised ``ArgumentError``), negative convolution padding, a crop (``ShapeError``), and the
 primitives ``tile``, ``scatter-max``/``-min``, ``cumlogsumexp`` and the special functions ``erf_inv``,
-``bessel_i0e``/``i1e``, ``polygamma``, ``igamma``/``igammac`` and ``eigh`` (``UnsupportedPrimitiveError``)."""
+``bessel_i0e``/``i1e``, ``polygamma``, ``igamma``/``igammac``, ``eigh`` and ``psum`` over a ``vmap`` axis
+(``UnsupportedPrimitiveError``)."""
 import numpy as np
 import pytest
 
@@ -189,3 +190,25 @@ def test_eigh_replays_eigenvalues_and_eigenvectors_and_refuses_a_degenerate_spec
         with pytest.raises(UnsupportedPrimitiveError, match=r"eigh: eigenvalues 0 and 1 agree to 0\.0e\+00 "
                                                              r"relative .*ill-conditioned"):
             interop.check_grads(flat, A[:3, :3])
+
+
+def test_psum_over_a_vmap_axis_name_replays_as_a_sum():
+    """equinox's BatchNorm under ``vmap(axis_name=...)``: the batched jaxpr keeps ``psum`` over the
+    positional batch axis, a sum over it."""
+    eqx = pytest.importorskip("equinox")
+    with jax.enable_x64(True):
+        x = jnp.asarray(np.random.default_rng(7).standard_normal((5, 4)))
+        bn = eqx.nn.BatchNorm(4, axis_name="batch", mode="batch")
+        state = eqx.nn.State(bn)
+        params, static = eqx.partition(bn, eqx.is_inexact_array)
+
+        def loss(params, x):
+            y, _ = jax.vmap(eqx.combine(params, static), axis_name="batch", in_axes=(0, None),
+                            out_axes=(0, None))(x, state)
+            return jnp.sum(jnp.tanh(y) * jnp.arange(4.0))
+
+        assert "psum" in {e.primitive.name for e in jax.make_jaxpr(loss)(params, x).jaxpr.eqns}
+        report = interop.check_grads(loss, params, x)
+        assert report.ok, str(report)
+        np.testing.assert_allclose(np.asarray(jax.grad(loss, argnums=1)(params, x)),
+                                   _fd(lambda x_: loss(params, x_), x), rtol=0, atol=1e-6)

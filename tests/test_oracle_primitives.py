@@ -1,0 +1,50 @@
+"""The oracle on linear-algebra primitives whose derivative is written here: ``qr`` (reduced, unpivoted,
+m >= n) replays JAX's (Q, R) with its own derivative; a shape it does not cover stays a named refusal."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import interop  # noqa: E402
+from interop.oracle_rules import UnsupportedPrimitiveError  # noqa: E402
+
+
+def _fd(f, w, eps=1e-6):
+    """Central differences of f at w, element by element (independent of both AD sides)."""
+    w = np.asarray(w)
+    g = np.zeros_like(w)
+    for i in np.ndindex(w.shape):
+        d = np.zeros_like(w)
+        d[i] = eps
+        g[i] = (float(f(jnp.asarray(w + d))) - float(f(jnp.asarray(w - d)))) / (2 * eps)
+    return g
+
+
+def test_qr_least_squares_and_orthonormal_basis_match_jax_vjp_and_finite_differences():
+    rng = np.random.default_rng(3)
+    with jax.enable_x64(True):
+        A = jnp.asarray(rng.standard_normal((6, 3)))
+        b, c = jnp.asarray(rng.standard_normal(6)), jnp.asarray(rng.standard_normal((6, 3)))
+
+        def f(A):   # a least-squares fit by QR, and a sign-free function of the orthonormal basis
+            q, r = jnp.linalg.qr(A)
+            x = jax.scipy.linalg.solve_triangular(r, q.T @ b)
+            return jnp.sum((A @ x - b) ** 2) + jnp.sum((q @ q.T) * (c @ c.T)) + jnp.sum(jnp.abs(jnp.diag(r)))
+
+        report = interop.check_grads(f, A)
+        assert report.ok and report.error <= 1e-12, str(report)
+        tape = np.asarray(report.grads[0])
+        vjp = np.asarray(jax.vjp(f, A)[1](1.0)[0])
+        np.testing.assert_allclose(tape, vjp, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(tape, _fd(f, A), rtol=0, atol=1e-6)
+
+
+def test_qr_of_a_wide_or_full_matrix_is_refused_by_name():
+    with jax.enable_x64(True):
+        A = jnp.asarray(np.random.default_rng(4).standard_normal((4, 2)))
+        wide = lambda A: jnp.sum(jnp.linalg.qr(A.T)[1])                     # noqa: E731
+        full = lambda A: jnp.sum(jnp.linalg.qr(A, mode="complete")[0])       # noqa: E731
+        for f in (wide, full):
+            with pytest.raises(UnsupportedPrimitiveError, match=r"qr of shape .*reduced, unpivoted m >= n"):
+                interop.check_grads(f, A)

@@ -48,3 +48,21 @@ def test_qr_of_a_wide_or_full_matrix_is_refused_by_name():
         for f in (wide, full):
             with pytest.raises(UnsupportedPrimitiveError, match=r"qr of shape .*reduced, unpivoted m >= n"):
                 interop.check_grads(f, A)
+
+
+def test_a_qr_derivative_one_percent_off_is_caught_and_located_at_qr(monkeypatch):
+    from interop import oracle_rules
+    good = oracle_rules.RULES["qr"]
+
+    def off(r, xs, eqn):   # JAX's (Q, R) kept, dR scaled by 1.01: the value agrees, the gradient must not
+        q, R = good(r, xs, eqn)
+        R0 = r.var(r.jout(1))
+        return [q, R0 + (R - R0) * 1.01]
+    monkeypatch.setitem(oracle_rules.RULES, "qr", off)
+    with jax.enable_x64(True):
+        A = jnp.asarray(np.random.default_rng(5).standard_normal((5, 3)))
+        r = interop.check_grads(lambda A: jnp.sum(jnp.linalg.qr(A)[1] ** 2), A)
+    assert not r.ok and r.verdict == "mismatch" and r.value == pytest.approx(r.jax_value, rel=1e-12), str(r)
+    assert r.error == pytest.approx(0.01, rel=0.05), str(r)   # the 1% put in, not noise
+    d = r.first_divergence
+    assert d is not None and d.kind == "vjp" and d.index == 0 and "qr" in d.eqn, str(r)

@@ -8,17 +8,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import interop  # noqa: E402
 from interop.oracle_rules import UnsupportedPrimitiveError  # noqa: E402
-
-
-def _fd(f, w, eps=1e-6):
-    """Central differences of f at w, element by element (independent of both AD sides)."""
-    w = np.asarray(w)
-    g = np.zeros_like(w)
-    for i in np.ndindex(w.shape):
-        d = np.zeros_like(w)
-        d[i] = eps
-        g[i] = (float(f(jnp.asarray(w + d))) - float(f(jnp.asarray(w - d)))) / (2 * eps)
-    return g
+from test_oracle_promotion import _fd  # noqa: E402
 
 
 def test_qr_least_squares_and_orthonormal_basis_match_jax_vjp_and_finite_differences():

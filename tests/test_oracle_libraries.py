@@ -20,21 +20,16 @@ from interop.oracle_rules import UnsupportedPrimitiveError  # noqa: E402
 import oracle_library_cases as lib  # noqa: E402
 
 TARGET = 0.95     # issue 24's target share of replayed cases
-FLOOR = 0.82      # the share replayed when this corpus was written (rounded down); raise it as rules land
+FLOOR = 0.90      # the share replayed at 22:15 UTC, 67/74 (rounded down); raise it as rules land
 
 NOT_REPLAYED = {
-    "jsp_erfinv": ("unsupported", "erf_inv"),
-    "jsp_i0e": ("unsupported", "bessel_i0e"),
-    "jsp_polygamma": ("unsupported", "polygamma"),
     "linalg_svd_singular_values": ("unsupported", "svd"),
     "linalg_svd_vectors": ("unsupported", "svd"),
     "linalg_pinv": ("unsupported", "svd"),
     "linalg_norm_spectral": ("unsupported", "svd"),
-    "linalg_eigh": ("unsupported", "eigh"),
-    "linalg_qr": ("unsupported", "qr"),
     # lax.custom_root's solve is a while_loop; jax.grad uses the implicit rule (tangent_solve), the replay
-    # differentiates the solve itself and stops on JAX's own "dynamic while_loop" error
-    "lax_custom_root_sqrt": ("raised", "Reverse-mode differentiation does not work for lax.while_loop"),
+    # differentiates the solve itself since 2718981 and disagrees (gradient error 0.42): an oracle bug, open
+    "lax_custom_root_sqrt": ("mismatch", "MISMATCH"),
     # flax's initialize_carry is float32; the float64 upgrade of the parameters and inputs makes the
     # retraced scan's carry float64 out, float32 in: a float32 model cannot be checked as float32 yet
     "linen_scan_lstm": ("raised", "carry input and carry output must have equal types"),
@@ -74,15 +69,15 @@ def test_the_corpus_is_the_size_the_issue_asks_for():
 
 
 def test_every_case_that_does_not_replay_is_listed_with_its_reason(outcomes):
+    wrong = []
     for name, (library, kind, detail) in outcomes.items():
-        if kind == "ok":
-            assert name not in NOT_REPLAYED, (
-                f"{name} now replays: move it out of NOT_REPLAYED and raise FLOOR (to {share(outcomes):.2f})")
-        else:
-            assert name in NOT_REPLAYED, f"{name} ({library}) is {kind}, not listed: {detail[:400]}"
-            want_kind, want_text = NOT_REPLAYED[name]
-            assert kind == want_kind and want_text in detail, f"{name}: expected {want_kind} ({want_text}), got {kind}: {detail[:400]}"
-    assert set(NOT_REPLAYED) <= set(outcomes), set(NOT_REPLAYED) - set(outcomes)
+        if kind == "ok" and name in NOT_REPLAYED:
+            wrong.append(f"{name} now replays: move it out of NOT_REPLAYED and raise FLOOR (to {share(outcomes):.2f})")
+        elif kind != "ok" and name not in NOT_REPLAYED:
+            wrong.append(f"{name} ({library}) is {kind}, not listed: {detail[:300]}")
+        elif kind != "ok" and (kind, True) != (NOT_REPLAYED[name][0], NOT_REPLAYED[name][1] in detail):
+            wrong.append(f"{name}: expected {NOT_REPLAYED[name]}, got {kind}: {detail[:300]}")
+    assert not wrong and set(NOT_REPLAYED) <= set(outcomes), "\n".join(wrong)
 
 
 def test_no_mismatch_except_jax_own_inexact_rules_and_listed_oracle_bugs(outcomes):

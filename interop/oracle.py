@@ -385,10 +385,10 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     (True, (3, 2))
     """
     with jax.enable_x64(True), np.errstate(all="ignore"):   # non-finite values are reported, not warned
-        trust = frozenset((trust,) if isinstance(trust, str) else trust)
-        saved, TRUST[0] = TRUST[0], trust
+        trusted = frozenset((trust,) if isinstance(trust, str) else trust)
+        saved, TRUST[0] = TRUST[0], trusted
         try:
-            return _check(f, args, argnums, has_aux, rtol, seed, trust)
+            return _check(f, args, argnums, has_aux, rtol, seed, trusted)
         finally:
             TRUST[0] = saved
 

@@ -708,9 +708,12 @@ def _search(plan, jenv, units, where, rtol, rng, out, tainted=None, top=None):
         try:
             res = _local(plan, jenv, u, rtol, rng)
         except ValueError:   # a while loop JAX cannot reverse-differentiate: judged by its iterations only
-            if u.eqn.primitive.name != "while":
+            if u.children:   # (or a call holding one: judged by its steps)
+                _search(plan, jenv, u.children, where, rtol, rng, out, tainted, top)
+            elif u.eqn.primitive.name == "while":
+                _descend(u, jenv, where, rtol, rng, out, u.start if top is None else top)
+            else:
                 raise
-            _descend(u, jenv, where, rtol, rng, out, u.start if top is None else top)
             continue
         if res is None:
             continue

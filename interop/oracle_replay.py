@@ -98,6 +98,8 @@ def call_body(eqn):
     name = eqn.primitive.name
     if name in CONTROL or name in NOT_CALLS:
         return None
+    if name == "call_hi_primitive":
+        return hi_body(eqn.params["_prim"])
     found = []
     for val in eqn.params.values():
         for v in (val if isinstance(val, tuple) else (val,)):
@@ -112,6 +114,23 @@ def call_body(eqn):
     if not _same_types(body.outvars, [v.aval for v in eqn.outvars]):
         return None
     return body, consts
+
+
+_HI_BODIES = {}
+
+
+def hi_body(prim):
+    """The lowering of a high-level primitive (jax >= 0.12's ``call_hi_primitive``: ``lax.custom_root``
+    is one) as (jaxpr, consts): its ``expand``, traced on its operands' types, cached per primitive."""
+    body = _HI_BODIES.get(id(prim))
+    if body is None or body[0] is not prim:
+        tree = jax.tree_util
+
+        def flat(*xs):
+            return tree.tree_leaves(prim.expand(*tree.tree_unflatten(prim.in_tree, xs)))
+        closed = jax.make_jaxpr(flat)(*[jax.ShapeDtypeStruct(a.shape, a.dtype) for a in prim.in_avals_flat])
+        body = _HI_BODIES[id(prim)] = (prim, closed)
+    return open_jaxpr(body[1])
 
 
 CUSTOM_CALLS = ("custom_vjp_call", "custom_jvp_call")

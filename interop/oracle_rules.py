@@ -253,6 +253,11 @@ def _exp2(r, xs, eqn):
     return r.tape.apply(O.exp, r.tape.apply(O.muls, r.var(xs[0]), None, math.log(2.0)))
 
 
+@rule("log2", doc="`log(a) / ln 2` (a primitive of its own since jax 0.12)")
+def _log2(r, xs, eqn):
+    return r.tape.apply(O.muls, r.tape.apply(O.log, r.var(xs[0])), None, 1.0 / math.log(2.0))
+
+
 @rule("rsqrt", doc="`1 / sqrt(a)`")
 def _rsqrt(r, xs, eqn):
     return r.tape.apply(O.rdivs, r.tape.apply(O.sqrt, r.var(xs[0])), None, 1.0)

@@ -165,6 +165,16 @@ def test_special_functions_replay_with_their_derivative_written_here(name):
         assert penalty.ok, str(penalty)
 
 
+def test_log2_and_expm_replay_whether_log2_is_a_primitive_jax_0_12_or_a_division_jax_0_10():
+    def f(a):   # expm's scaling step takes log2 of the norm (a constant to the gradient: floor follows)
+        return jnp.sum(jnp.log2(a * a + 1.0) ** 2) + jnp.sum(jax.scipy.linalg.expm(0.3 * a) ** 2)
+    with jax.enable_x64(True):
+        a = jnp.asarray(np.random.default_rng(5).standard_normal((3, 3)))
+        report = interop.check_grads(f, a)
+        assert report.ok and report.error <= 1e-12, str(report)
+        np.testing.assert_allclose(np.asarray(report.grads[0]), _fd(f, a), rtol=0, atol=1e-6)
+
+
 def test_the_shape_parameter_of_igamma_is_refused_by_name():
     from interop.oracle_rules import UnsupportedPrimitiveError
     with jax.enable_x64(True):

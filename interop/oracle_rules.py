@@ -58,7 +58,7 @@ CONSTANT = frozenset({"sign", "floor", "ceil", "round", "stop_gradient", "nextaf
 # Rules that read JAX's values of their own operands or results (the replay keeps those for them),
 # and rules whose results follow their operands one by one (an untainted operand stays untainted).
 VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort", "lu", "custom_linear_solve", "pow", "erf_inv",
-                         "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac", "eigh", "qr"})
+                         "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac", "eigh", "qr", "svd"})
 PER_OPERAND = frozenset({"optimization_barrier", "sort"})
 
 
@@ -822,6 +822,86 @@ def _qr(r, xs, eqn):
     dq = _reshape(r, tg.matmul(r.var(jq), delta), (m, n))
     dr = _reshape(r, tg.matmul(r.var(jr), delta), (n, n))
     return [r.var(q) + dq, r.var(rr) + dr]
+
+
+# The explicit Jacobian an svd's derivative is recorded with (entries); a larger one is refused by name
+SVD_JACOBIAN = 1 << 24
+
+
+def _svd_vjp(u, s, v, gu=None, gs=None, gv=None):
+    """The thin-SVD reverse rule (A = U S Vᵀ, m × n, k = min(m, n)) for a batch of cotangents (b, m, k),
+    (b, k), (b, n, k) of U, s and V: Ā = U [(F ∘ (UᵀŪ − ŪᵀU)) S + diag(s̄) + S (F ∘ (VᵀV̄ − V̄ᵀV))] Vᵀ
+    + (I − UUᵀ) Ū S⁻¹ Vᵀ + U S⁻¹ V̄ᵀ (I − VVᵀ), F_ij = 1/(s_j² − s_i²) off the diagonal (the last two
+    terms only where U, or V, is not square)."""
+    (m, k), n = u.shape, v.shape[0]
+    b = next(len(g) for g in (gu, gs, gv) if g is not None)
+    off = ~np.eye(k, dtype=bool)
+    F = np.zeros((k, k))
+    with np.errstate(divide="ignore"):    # a degenerate pair is refused before F is used
+        F[off] = 1.0 / (s[None, :] ** 2 - s[:, None] ** 2)[off]
+    inner, extra = np.zeros((b, k, k)), np.zeros((b, m, n))
+    if gs is not None:
+        inner += gs[:, :, None] * np.eye(k)
+    if gu is not None:
+        c = u.T @ gu
+        inner += F * (c - np.swapaxes(c, 1, 2)) * s[None, None, :]
+        if m > k:
+            extra += ((gu - u @ c) / s) @ v.T
+    if gv is not None:
+        c = v.T @ gv
+        inner += s[None, :, None] * (F * (c - np.swapaxes(c, 1, 2)))
+        if n > k:
+            extra += (u / s) @ np.swapaxes(gv - v @ c, 1, 2)
+    return u @ inner @ v.T + extra
+
+
+@rule("svd", doc="JAX's (s, U, Vᵀ) with the thin-SVD reverse rule written here: Ā = U [(F ∘ (UᵀŪ − ŪᵀU)) S "
+      "+ diag(s̄) + S (F ∘ (VᵀV̄ − V̄ᵀV))] Vᵀ + (I − UUᵀ) Ū S⁻¹ Vᵀ + U S⁻¹ V̄ᵀ (I − VVᵀ), F = 1/(s_j² − s_i²) "
+      "off the diagonal; singular values only: Ā = U diag(s̄) Vᵀ (2-D; `full_matrices` of a non-square matrix "
+      "and near-degenerate or zero singular values under differentiated vectors refused)", needs=("matmul",))
+def _svd(r, xs, eqn):
+    a, p = r.var(xs[0]), eqn.params
+    m, n = a.shape if a.ndim == 2 else (0, 0)
+    if a.ndim != 2 or p.get("subset_by_index") not in (None, (0, min(m, n))):
+        raise NotReplayable(f"svd of shape {a.shape} or of a subset (all singular values of one matrix only)")
+    vectors = bool(p.get("compute_uv", True))
+    if vectors and p.get("full_matrices") and m != n:
+        raise NotReplayable(f"svd with full_matrices=True of a {m} × {n} matrix: the complete basis' extra "
+                            "vectors have no derivative (JAX's rule refuses them too); full_matrices=False replays")
+    k = min(m, n)
+    s = r.jout(0)
+    outputs = k + (m * k + k * n if vectors else 0)
+    if outputs * m * n > SVD_JACOBIAN:
+        raise NotReplayable(f"svd of a {m} × {n} matrix: its explicit Jacobian ({outputs} × {m * n}) is over "
+                            f"the oracle's {SVD_JACOBIAN} entries")
+    scale = max(float(np.max(s)), np.finfo(float).tiny)
+    gaps = np.where(np.eye(k, dtype=bool), np.inf, np.abs(s[None, :] - s[:, None]))
+    i, j = np.unravel_index(np.argmin(gaps), gaps.shape)
+    if vectors:
+        u, v = r.jout(1), r.jout(2).T
+        if gaps[i, j] <= EIGH_GAP * scale:
+            raise NotReplayable(f"svd: singular values {i} and {j} agree to {gaps[i, j] / scale:.1e} relative "
+                                f"(below {EIGH_GAP:g}): the singular vectors' gradient (1/gap) is ill-conditioned, "
+                                "JAX's as well")
+        if m != n and s[-1] <= EIGH_GAP * scale:
+            raise NotReplayable(f"svd: singular value {k - 1} is {s[-1] / scale:.1e} of the largest (below "
+                                f"{EIGH_GAP:g}) in a {m} × {n} matrix: the singular vectors' gradient (1/s) is "
+                                "ill-conditioned, JAX's as well")
+    else:
+        u, _, vt = np.linalg.svd(r.value(a), full_matrices=False)   # only the products u_k v_kᵀ are used
+        v = vt.T
+        r.kink(int(np.sum(np.triu(gaps <= EIGH_GAP * scale, 1))), "degenerate singular values (svd)")
+    delta = _reshape(r, a - r.var(r.value(a)), (m * n, 1))
+
+    def moved(value, jac):
+        return r.var(value) + _reshape(r, tg.matmul(r.var(jac.reshape(-1, m * n)), delta), value.shape)
+
+    ds = moved(s, _svd_vjp(u, s, v, gs=np.eye(k)))
+    if not vectors:
+        return [ds]
+    du = moved(u, _svd_vjp(u, s, v, gu=np.eye(m * k).reshape(m * k, m, k)))
+    dvt = moved(v.T, _svd_vjp(u, s, v, gv=np.swapaxes(np.eye(k * n).reshape(k * n, k, n), 1, 2)))
+    return [ds, du, dvt]
 
 
 # ── control flow and solves (oracle_replay) ──────────────────────────────────

@@ -20,6 +20,12 @@ path moves the comparison to that precision's bound, which the report names.
 
 Everything runs inside a scoped ``jax.enable_x64(True)``: the caller's configuration is untouched.
 """
+import contextlib
+import hashlib
+import linecache
+import os
+import sys
+import threading
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Optional, Sequence, Union
@@ -31,7 +37,7 @@ from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
 from .oracle_loops import loop_envs
-from .oracle_replay import (CONTROL, CUSTOM_CALLS, TRUST, JEnv, Literal, Plan, Replay, compiled, custom_name,
+from .oracle_replay import (CONTROL, CUSTOM_CALLS, TRUST, JEnv, Literal, Plan, Replay, bind, compiled, custom_name,
                             diff, is_data, is_float, is_key, kind, lowp_bound, of_floats, summary)
 from .oracle_rules import CONSTANT, CONTROL_RULES, RULES, UnsupportedPrimitiveError, missing, primitive_table
 
@@ -136,6 +142,9 @@ class GradReport:
     aux: Any = None
     jax_max: tuple = ()  # max |jax.grad| per leaf
     scale: float = 0.0   # max |jax.grad| over the whole gradient
+    mode: str = "float64"     # check_grads' precision as run: "float64" (leaves upgraded) or "as_given"
+    checked: str = "float64"  # the precision compared at: "float64", or the lower one whose √eps is ``bound``
+    branches: tuple = ()      # concrete=True: each site of f's code that read a traced value, and what it read
 
     def _noise(self, a, m):
         """A leaf whose gradient is zero on both sides up to rounding: both sides, and their difference,
@@ -151,8 +160,12 @@ class GradReport:
                                               f"{m / self.scale:.2g} of the largest gradient)" if self._noise(a, m)
                                               else f"rel={r:.3g}")
                 for n, a, r, m in zip(self.leaves, self.max_abs, self.max_rel, self.jax_max or [None] * len(self.leaves))]
-        if self.precision:
+        if self.mode == "as_given":
+            rows.append(f"  precision: checked as given, in {self.checked} (jax.grad at the arguments' own "
+                        f"precision), at √eps({self.checked}) = {self.bound:.2g}")
+        if self.precision and not (self.mode == "as_given" and self.precision.dtype == self.checked):
             rows.append(f"  precision: {self.precision}")
+        rows += [f"  branch: {b}" for b in self.branches]
         rows += [f"  kink: {k}" for k in self.kinks]
         if self.first_divergence:
             rows.append(f"  first divergence: {self.first_divergence}")
@@ -170,34 +183,55 @@ class _Prepared:
     pass
 
 
-def _leaf(x):
+def _leaf(x, upgrade=True):
     if isinstance(x, jax.Array) and is_key(jax.typeof(x)):
         return x
     a = np.asarray(x) if not isinstance(x, jax.Array) else x
-    if kind(a.dtype) == "f":   # float16 and bfloat16 too: checked in float64, as float32 is
+    if upgrade and kind(a.dtype) == "f":   # float16 and bfloat16 too: checked in float64, as float32 is
         return jnp.asarray(a, jnp.float64)
     return jnp.asarray(a)
+
+
+PRECISIONS = ("float64", "as_given")
+
+
+def _leaves(all_p, pos, given):
+    """The array leaves as check_grads runs them: float ones upgraded to float64 (x64 on), or as
+    ``jax.grad`` would see them in the caller's configuration (``given``: that x64 setting)."""
+    if given is None:
+        return [_leaf(all_p[i][1]) for i in pos]
+    with jax.enable_x64(given):
+        return [_leaf(all_p[i][1], upgrade=False) for i in pos]
 
 
 def _is_array(x):
     return isinstance(x, (jax.Array, np.ndarray, np.generic, bool, int, float, complex))
 
 
-def _prepare(f, args, argnums, has_aux, trust=frozenset()):
+def _prepare(f, args, argnums, has_aux, trust=frozenset(), precision="float64", x64=True, concrete=False):
+    """Trace ``f`` (cached per function and argument types) and compile JAX's side: (prepared, leaves).
+
+    ``precision="float64"`` upgrades float leaves (traced with x64 on); "as_given" keeps them and traces
+    in the caller's x64 setting ``x64``, as the caller's own ``jax.grad`` runs f. ``concrete``: trace with
+    the arguments' values readable by Python, as ``jax.grad`` runs f (``_Reads``); the cache is then per
+    value of everything read.
+    """
     all_p, tree = jax.tree_util.tree_flatten_with_path(args)
     # non-array leaves (an equinox module's activation functions, strings, None-like markers) are static,
     # as eqx.filter_grad treats them: closed over in the trace, their gradient None
     pos = [i for i, (_, x) in enumerate(all_p) if _is_array(x)]
     static = {i: x for i, (_, x) in enumerate(all_p) if not _is_array(x)}
     leaves_p = [all_p[i] for i in pos]
-    leaves = [_leaf(x) for _, x in leaves_p]
+    given = None if precision == "float64" else bool(x64)
+    leaves = _leaves(all_p, pos, given)
     key = (id(f), tree, tuple((tuple(jax.typeof(x).shape), str(jax.typeof(x).dtype)) for x in leaves), argnums,
-           has_aux, trust, tuple((i, id(x)) for i, x in static.items()))
+           has_aux, trust, tuple((i, id(x)) for i, x in static.items()), given)
     hit = _PREP.get(key)
-    if hit is not None and hit.f is f and all(hit.static[i] is x for i, x in static.items()):
-        return hit, leaves
+    if not concrete and hit is not None and hit.f is f and all(hit.static[i] is x for i, x in static.items()):
+        return hit, (leaves if hit.given == given else _leaves(all_p, pos, hit.given))
     p = _Prepared()
     p.f, p.tree, p.pos, p.static, p.n_all = f, tree, pos, static, len(all_p)
+    p.given, p.fallback, p.reads = given, None, None
     p.static_names = [f"arg {all_p[i][0][0].idx}{jax.tree_util.keystr(all_p[i][0][1:])}" for i in static]
     nargs = len(args)
     which = tuple(range(nargs)) if argnums is None else ((argnums,) if isinstance(argnums, int) else tuple(argnums))
@@ -217,23 +251,69 @@ def _prepare(f, args, argnums, has_aux, trust=frozenset()):
     if not p.diff:
         raise CheckGradsError(f"check_grads: no float leaf to differentiate in arguments {which} (integer, boolean "
                          f"and key leaves are data, never differentiated)")
+    reads = [None]
 
     def flat(*xs):
+        if reads[0] is not None:
+            reads[0].start(xs)
         full = [None] * len(all_p)
         for i, x in zip(pos, xs):
             full[i] = x
         for i, x in static.items():
             full[i] = x
         return f(*jax.tree.unflatten(tree, full))
+
+    def trace(ls, x64_on):
+        reads[0] = _Reads(ls) if concrete else None
+        with jax.enable_x64(x64_on), (reads[0] if concrete else contextlib.nullcontext()):
+            return jax.make_jaxpr(flat, return_shape=True)(*ls)
     try:
-        closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*leaves)
+        try:
+            closed, out_shape = trace(leaves, True if given is None else given)
+        except jax.errors.ConcretizationTypeError:
+            raise
+        except TypeError as e:
+            # A float64 retrace can conflict with float32 values f makes itself (flax's initialize_carry,
+            # a float32 zeros carry): a scan/while/cond whose carry or branches change type. f as given
+            # traces, so check it as given, saying why (never silently).
+            if given is not None:
+                raise
+            as_given = _leaves(all_p, pos, bool(x64))
+            lowered = sorted({str(jax.typeof(x).dtype) for i, x in enumerate(as_given)
+                              if i in p.diff and str(jax.typeof(x).dtype) != "float64"})
+            if not lowered:
+                raise
+            try:
+                closed, out_shape = trace(as_given, bool(x64))
+            except Exception:
+                raise e from None
+            leaves, p.given = as_given, bool(x64)
+            said = " ".join([ln.strip(" *;") for ln in str(e).splitlines() if ln.strip()][:2])[:400]
+            p.fallback = (f"f does not trace with its float leaves upgraded to float64 (JAX said: {said}): it makes "
+                          f"{'/'.join(lowered)} values of its own (a carry, as flax's initialize_carry makes one) that "
+                          f"the upgrade conflicts with, so it was checked at the arguments' own precision, "
+                          f"{'/'.join(lowered)}, as precision='as_given' checks it")
     except jax.errors.ConcretizationTypeError as e:
+        if concrete:
+            raise TracingError(
+                "check_grads(concrete=True) runs f with its arguments' values readable, as jax.grad does, but f "
+                "needs a value that is abstract even there: float() of a traced value (jax.grad refuses it too: "
+                "use it as an array), or a Python branch inside a jax.jit, lax.cond/scan/while body or custom_jvp/"
+                "custom_vjp function, traced without values under jax.grad as well (use lax.cond / jnp.where "
+                f"there). JAX said: {str(e).splitlines()[0]}") from e
         raise TracingError(
             "check_grads traces f the way jax.jit does, so Python control flow (if/while/bool()/int()) on a "
             "value computed from the arguments cannot run: use jnp.where or lax.select for values, lax.cond / "
             "lax.switch for branches, lax.fori_loop / lax.while_loop / lax.scan for loops, or close over a "
-            f"Python value that should stay static (check_grads(lambda x: f(x, flag), x)). JAX said: "
+            "Python value that should stay static (check_grads(lambda x: f(x, flag), x)); or pass concrete=True "
+            "to check f as jax.grad runs it, Python branches taken at these argument values. JAX said: "
             f"{str(e).splitlines()[0]}") from e
+    if concrete:
+        p.reads = reads[0]
+        key = key + (reads[0].digest(),)
+        hit = _PREP.get(key)
+        if hit is not None and hit.f is f and all(hit.static[i] is x for i, x in static.items()):
+            return hit, leaves
     outs = jax.tree.leaves(out_shape)
     if has_aux:
         if not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
@@ -278,6 +358,156 @@ def _prepare(f, args, argnums, has_aux, trust=frozenset()):
         _PREP.clear()
     _PREP[key] = p
     return p, leaves
+
+
+# ── concrete=True: the trace with the arguments' values readable, as jax.grad runs f ─────────────
+
+_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
+_HERE = os.path.abspath(__file__)
+_CONVERSIONS = {"__bool__": "bool", "__int__": "int", "__index__": "index", "concrete_or_error": "value",
+                "concrete_dim_or_error": "int", "_item": "item"}
+_READS_LOCK = threading.Lock()
+
+
+class _Reads:
+    """While ``make_jaxpr`` traces f: a tracer of its top-level trace answers "what is your value?" with
+    the value it has at the arguments (its equation's inputs evaluated eagerly, each equation once), as
+    ``jax.grad``'s JVP tracers answer with their primal. So every Python ``if``/``while``/``int()``/
+    ``.item()`` on a traced value runs as under ``jax.grad`` at these values and the jaxpr is the path
+    that ran. Values inside ``jax.jit``, loop/branch bodies and custom rules stay abstract, as they are
+    under ``jax.grad``; ``float()`` of a traced value raises, as it does there.
+
+    Reads through JAX's tracer classes' ``to_concrete_value`` (the one hook ``bool``/``int``/
+    ``operator.index``/``concrete_or_error`` share), patched for the trace only, in this thread only.
+    """
+
+    def __init__(self, leaves):
+        self.leaves, self.frame, self.env = leaves, None, {}
+        self.answers = []    # every value given, in order (the cache key: another value, another trace)
+        self.seen = []       # (file, line, conversion, Python value) of each read by f's own code
+
+    def start(self, xs):
+        from jax._src.interpreters import partial_eval as pe
+        tracers = [x for x in xs if isinstance(x, pe.DynamicJaxprTracer)]
+        self.frame = tracers[0]._trace.frame if tracers else None
+        for x, v in zip(xs, self.leaves):
+            if isinstance(x, pe.DynamicJaxprTracer):
+                self.env[x.val] = v
+
+    def __enter__(self):
+        from jax._src.interpreters import partial_eval as pe
+        _READS_LOCK.acquire()
+        cls, me, owner = pe.DynamicJaxprTracer, self, threading.get_ident()
+        self._cls, self._had = cls, "to_concrete_value" in cls.__dict__
+        self._saved = cls.__dict__.get("to_concrete_value")
+        base = self._saved or super(cls, cls).to_concrete_value
+
+        def to_concrete_value(t):
+            if threading.get_ident() == owner and me.frame is not None and t._trace.frame is me.frame:
+                v = me.value(t)
+                if v is not None:
+                    return v
+            return base(t)
+        cls.to_concrete_value = to_concrete_value
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            if self._had:
+                self._cls.to_concrete_value = self._saved
+            else:
+                del self._cls.to_concrete_value
+        finally:
+            _READS_LOCK.release()
+
+    def _known(self, u):
+        a = u.val
+        if isinstance(a, Literal):
+            return True, a.val
+        if a in self.env:
+            return True, self.env[a]
+        if a in self.frame.constvar_to_val:
+            return True, self.frame.constvar_to_val[a]
+        return False, None
+
+    def value(self, t):
+        try:
+            stack = [t]
+            while stack:
+                u = stack[-1]
+                if self._known(u)[0]:
+                    stack.pop()
+                    continue
+                eqn = getattr(u, "parent", None)
+                if eqn is None:
+                    return None      # an input of an inner trace: abstract, as under jax.grad
+                pending = [w for w in eqn.in_tracers if not self._known(w)[0]]
+                if pending:
+                    stack.extend(pending)
+                    continue
+                with jax.ensure_compile_time_eval():
+                    outs = bind(eqn, [self._known(w)[1] for w in eqn.in_tracers])
+                self.env.update(zip(eqn.outvars, outs))
+                stack.pop()
+            v = self._known(t)[1]
+        except Exception:   # noqa: BLE001 — a value JAX cannot compute here stays abstract (the trace says why)
+            return None
+        self.answers.append(v)
+        self._note(v)
+        return v
+
+    def _note(self, v):
+        """Remember the read when it is a conversion by f's own code (not JAX asking itself)."""
+        fr, how = sys._getframe(2), None
+        while fr is not None and (fr.f_code.co_filename.startswith(_JAX_DIR) or fr.f_code.co_filename == _HERE):
+            if how is None and fr.f_code.co_name == "is_concrete":
+                return    # bool()/int()/index() ask is_concrete first, then read: one conversion, noted then
+            how = how or _CONVERSIONS.get(fr.f_code.co_name)
+            fr = fr.f_back
+        if how is None or fr is None:
+            return
+        a = np.asarray(v)
+        shown = (bool(a) if how == "bool" else int(a) if how in ("int", "index") else a.item()) if a.size == 1 \
+            else f"{a.dtype}{list(a.shape)}"
+        self.seen.append((fr.f_code.co_filename, fr.f_lineno, how, shown))
+
+    def digest(self):
+        h = hashlib.sha1()
+        for v in self.answers:
+            a = np.asarray(v)
+            h.update(f"{a.dtype}{a.shape}".encode())
+            h.update(a.tobytes())
+        return h.hexdigest()
+
+    def branches(self):
+        """One line per site of f's code that read a value: where, its text, what it read (runs counted)."""
+        order, by = [], {}
+        for file, line, how, shown in self.seen:
+            k = (file, line)
+            if k not in by:
+                order.append(k)
+                by[k] = []
+            by[k].append((how, shown))
+        out = []
+        for file, line in order:
+            runs = []
+            for how, shown in by[(file, line)]:
+                if runs and runs[-1][0] == (how, shown):
+                    runs[-1][1] += 1
+                else:
+                    runs.append([(how, shown), 1])
+            text = linecache.getline(file, line).strip()
+            vals = ", ".join(f"{s!r}" + (f" ×{n}" if n > 1 else "") for (how, s), n in runs)
+            kind = "/".join(dict.fromkeys(how for (how, _), _ in runs))
+            out.append(f"{_short(file)}:{line} {kind} → {vals}" + (f"  ({text[:80]})" if text else ""))
+        return out
+
+
+def _short(file):
+    parts = file.replace(os.sep, "/").split("/")
+    if "site-packages" in parts:
+        parts = parts[parts.index("site-packages") + 1:]
+    return "/".join(parts[-3:])
 
 
 _NO_COMPLEX = ("complex numbers are not supported (the tape holds real float32/float64 values): pass real and "
@@ -350,7 +580,8 @@ def _replayed(plan, tainted, top=None):
 # ── check_grads ──────────────────────────────────────────────────────────────
 
 def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
-                has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, trust: Sequence[str] = ()) -> GradReport:
+                has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, trust: Sequence[str] = (),
+                precision: str = "float64", concrete: bool = False) -> GradReport:
     """Check ``jax.grad(f, argnums, has_aux)`` against tapegrad's reverse sweep of ``f``'s jaxpr.
 
     ``f`` is a scalar-valued JAX function (``jax.numpy``, ``lax``, ``jax.nn``, control flow,
@@ -383,19 +614,53 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     >>> r = interop.check_grads(loss, jnp.ones((3, 2)), jnp.eye(3), jnp.array([0, 1, 1]), argnums=0)
     >>> r.ok, r.grads.shape
     (True, (3, 2))
+
+    ``precision``: "float64" (the default) upgrades float leaves to float64, so both sides are
+    exact reverse sweeps held to ``rtol``. "as_given" keeps float32/bfloat16/float16 leaves and traces
+    f in the caller's x64 setting: what is compared is the caller's own ``jax.grad`` at that precision,
+    held to its bound √eps (float32: 3.5e-4, the bound the replay states for any lower-precision step);
+    ``report.mode`` and ``report.checked`` say which. When f does not trace upgraded (it makes
+    float32 values of its own, e.g. flax's ``initialize_carry``, and a scan carry changes type), it is
+    checked as given and a note says why.
+
+    >>> w32 = jnp.linspace(-1.0, 1.0, 4, dtype=jnp.float32)
+    >>> r = interop.check_grads(lambda w: jnp.sum(jnp.tanh(w) ** 2), w32, precision="as_given")
+    >>> r.ok, r.mode, r.checked, r.jax_grads[0].dtype, round(r.bound, 6)
+    (True, 'as_given', 'float32', dtype('float32'), 0.000345)
+
+    ``concrete=True``: f may branch in Python on traced values (``if x > 0``, a ``while`` until
+    converged, optax's ``warmup_cosine_decay_schedule``), as ``jax.grad`` allows: it is traced with
+    its values readable, each Python branch taking the way it takes under ``jax.grad`` at these
+    arguments, and that path is checked, at these values only (``report.branches`` lists what ran).
+
+    >>> def newton_sqrt(a):
+    ...     x = a
+    ...     while jnp.abs(x * x - a) > 1e-12 * a:
+    ...         x = 0.5 * (x + a / x)
+    ...     return x
+    >>> r = interop.check_grads(newton_sqrt, jnp.asarray(2.0), concrete=True)
+    >>> r.ok, round(float(r.grads[0]), 6), len(r.branches)
+    (True, 0.353553, 1)
     """
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise CheckGradsError(f"check_grads: precision must be 'float64' (float leaves upgraded to float64, the "
+                              f"default) or 'as_given' (float32/bfloat16/float16 leaves kept: the caller's own "
+                              f"jax.grad checked at that precision's bound), got {precision!r}")
+    if not isinstance(concrete, (bool, np.bool_)):
+        raise CheckGradsError(f"check_grads: concrete must be True or False, got {concrete!r}")
+    x64 = bool(jax.config.jax_enable_x64)   # the caller's setting: precision="as_given" traces f in it
     with jax.enable_x64(True), np.errstate(all="ignore"):   # non-finite values are reported, not warned
         trusted = frozenset((trust,) if isinstance(trust, str) else trust)
         saved, TRUST[0] = TRUST[0], trusted
         try:
-            return _check(f, args, argnums, has_aux, rtol, seed, trusted)
+            return _check(f, args, argnums, has_aux, rtol, seed, trusted, precision, x64, bool(concrete))
         finally:
             TRUST[0] = saved
 
 
 def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
                  has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, trust: Sequence[str] = (),
-                 allow_kinks: bool = True) -> GradReport:
+                 allow_kinks: bool = True, precision: str = "float64", concrete: bool = False) -> GradReport:
     """Like ``check_grads`` but raises ``GradientMismatchError`` (an ``AssertionError``) with the report.
 
     The form of ``jax.test_util.check_grads``; returns the report when the gradients agree (or
@@ -405,14 +670,15 @@ def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Se
     >>> from interop import jnp
     >>> _ = interop.assert_grads(lambda x: jnp.sum(jnp.tanh(x) ** 2), jnp.linspace(0.0, 1.0, 4))
     """
-    report = check_grads(f, *args, argnums=argnums, has_aux=has_aux, rtol=rtol, seed=seed, trust=trust)
+    report = check_grads(f, *args, argnums=argnums, has_aux=has_aux, rtol=rtol, seed=seed, trust=trust,
+                         precision=precision, concrete=concrete)
     if not report.ok or (report.verdict == "kink" and not allow_kinks):
         raise GradientMismatchError(str(report))
     return report
 
 
-def _check(f, args, argnums, has_aux, rtol, seed, trust):
-    p, leaves = _prepare(f, args, argnums, has_aux, trust)
+def _check(f, args, argnums, has_aux, rtol, seed, trust, precision="float64", x64=True, concrete=False):
+    p, leaves = _prepare(f, args, argnums, has_aux, trust, precision, x64, concrete)
     try:
         vals, aux, jvalue, jgrads, jaux = p.jax_side(p.plan.const_vals, leaves)
     except (ValueError, TypeError, NotImplementedError) as e:
@@ -443,6 +709,16 @@ def _check(f, args, argnums, has_aux, rtol, seed, trust):
         dt, text, index, _ = r.lowp
         bound = lowp_bound(float(jnp.finfo(dt).eps), rtol)
         precision = Precision(str(dt), text, index, bound)
+    checked = "float64"
+    if p.given is not None:
+        # as given: the differentiated leaves' own precision bounds the comparison (jax.grad computes in
+        # it), the same √eps bound the replay states for a lower-precision step
+        dts = [np.dtype(jax.typeof(leaves[i]).dtype) for i in p.diff] + ([np.dtype(r.lowp[0])] if r.lowp else [])
+        worst = max(dts, key=lambda d: float(jnp.finfo(d).eps))
+        bound = max(bound, lowp_bound(float(jnp.finfo(worst).eps), rtol))
+        checked = str(worst)
+    elif precision is not None:
+        checked = precision.dtype
     diffs = [diff(g, jg) for g, jg in zip(grads, jgrads)]
     vdiff = diff(value, float(jvalue))
     # Normwise per leaf; a leaf whose gradient is at rounding level next to the others (a bias whose
@@ -457,11 +733,20 @@ def _check(f, args, argnums, has_aux, rtol, seed, trust):
                         n_eqns=r.index, bound=bound, error=error, precision=precision,
                         leaves=tuple(p.names[i] for i in p.diff), scale=whole,
                         jax_max=tuple(float(np.abs(np.where(np.isfinite(g), g, 0.0)).max(initial=0.0)) for g in jgrads),
-                        aux=jax.tree.unflatten(p.aux_tree, list(jaux)) if has_aux else None)
+                        aux=jax.tree.unflatten(p.aux_tree, list(jaux)) if has_aux else None,
+                        mode="float64" if p.given is None else "as_given", checked=checked,
+                        branches=tuple(p.reads.branches()) if p.reads is not None else ())
     lowered = sorted({str(np.dtype(x.dtype)) for x in jax.tree.leaves(args)
                       if hasattr(x, "dtype") and kind(x.dtype) == "f" and np.dtype(x.dtype).itemsize < 8})
-    if lowered:
+    if p.fallback:
+        report.notes.append(p.fallback)
+    elif lowered and p.given is None:
         report.notes.append(f"{'/'.join(lowered)} arguments were checked in float64")
+    if p.reads is not None:
+        report.notes.append(
+            f"concrete=True: f ran as jax.grad runs it, its Python control flow reading {len(p.reads.seen)} traced "
+            f"value(s) at these arguments; the path that ran is what is checked, at these argument values only "
+            f"(as jax.grad's gradient is)" + ("" if p.reads.seen else ": none was read"))
     if p.static:
         shown = ", ".join(f"{n} ({type(x).__name__})" for n, x in zip(p.static_names[:4], list(p.static.values())[:4]))
         more = f" and {len(p.static) - 4} more" if len(p.static) > 4 else ""
@@ -511,7 +796,7 @@ def _check(f, args, argnums, has_aux, rtol, seed, trust):
 def _replay(p, leaves, jenv, rtol, compare):
     """Record ``f`` on a fresh tape: (the Replay, the loss Var or None, {leaf index: param Var})."""
     tape = tg.Tape(sources=False)
-    params = {i: tape.param(np.asarray(leaves[i])) for i in p.diff}
+    params = {i: tape.param(np.asarray(leaves[i], np.float64)) for i in p.diff}   # bfloat16 as given too
     tenv = {p.plan.in_slots[i]: v for i, v in params.items()}
     r = Replay(tape, rtol, compare=compare)
     out = r.run(p.plan, tenv, jenv, top=True)[0]

@@ -540,7 +540,13 @@ def train_step(fn: Callable[..., Any], params: Any, *example_batch: Any, optimiz
     schedule is evaluated by JAX each step. Anything else runs the forward and backward as one custom
     call (``value_and_grad``) and ``optimizer.update`` itself in XLA. ``native_update``: None (the native
     step where there is one), True (raise ``CaptureError`` saying why there is none), False (always XLA).
-    ``step.native_update`` says which runs, ``step.why`` why not. Before the native step is used, three
+    ``step.native_update`` says which runs, ``step.why`` why not.
+
+    ``step.scan(state, *batches) -> (state, losses)`` is ``jax.lax.scan(step, state, batches)`` (every
+    batch leaf stacked on a leading axis of K steps) with the same results; the native step runs all K
+    steps in one custom call, which saves XLA's per-step dispatch (most of a tiny model's step).
+
+    Before the native step is used, three
     steps of it are checked against optax's own update from the same state: if they differ by more than
     rounding, the XLA form runs (and ``step.why`` says so).
     """
@@ -579,9 +585,14 @@ def _xla_step(fn, params, example_batch, optimizer, backend):
         updates, opt_state = optimizer.update(grads, opt_state, p)
         return loss, (optax.apply_updates(p, updates), opt_state)
 
-    step = jax.jit(step, donate_argnums=0)
-    step.captured = vg.captured
-    return step
+    def scan(state, *batches):
+        _steps_of(batches)
+        return jax.lax.scan(lambda s, b: step(s, *b)[::-1], state, batches)
+
+    jitted = jax.jit(step, donate_argnums=0)
+    jitted.scan = jax.jit(scan, donate_argnums=0)
+    jitted.captured = vg.captured
+    return jitted
 
 
 def _native_step(fn, params, example_batch, optimizer, backend, spec):
@@ -598,7 +609,7 @@ def _native_step(fn, params, example_batch, optimizer, backend, spec):
     is_node = lambda x: isinstance(x, counted)   # noqa: E731
     dt = prog.dtype
 
-    def step(state, *batch):
+    def run(state, batch, steps):
         p, opt_state = state
         leaves, ptree = jax.tree.flatten(p)
         nodes = [x for x in jax.tree.leaves(opt_state, is_leaf=is_node) if is_node(x)]
@@ -608,29 +619,62 @@ def _native_step(fn, params, example_batch, optimizer, backend, spec):
         moments = ([a for pair in zip(jax.tree.leaves(adam.mu), jax.tree.leaves(adam.nu)) for a in pair] if adam
                    else jax.tree.leaves(trace.trace) if trace is not None and spec.momentum else [])
         count = adam.count if adam is not None else jnp.zeros((), jnp.int32)
-        lr = None if sched is None else -jnp.asarray(spec.schedule(sched.count), dt)
-        ops, inputs, data, _ = cap.operands(p, *batch)
-        loss, new_p, new_m, _ = episode(ops, [jnp.asarray(m, dt) for m in moments], count, inputs, data, lr)
+        if steps is None:
+            lr = None if sched is None else -jnp.asarray(spec.schedule(sched.count), dt)
+            ops, inputs, data, _ = cap.operands(p, *batch)
+        else:   # one block per step: the schedule at each step's count, each batch's inputs and data
+            lr = None if sched is None else -jnp.asarray(jax.vmap(spec.schedule)(
+                sched.count + jnp.arange(steps, dtype=sched.count.dtype)), dt)
+            ops = cap.operands(p, *jax.tree.map(lambda b: b[0], batch))[0]
+            inputs, data = jax.vmap(lambda *b: cap.operands(p, *b)[1:3])(*batch)
+        loss, new_p, new_m, _ = episode(ops, [jnp.asarray(m, dt) for m in moments], count, inputs, data, lr,
+                                        steps=steps)
         new_p = list(new_p)
 
         def renew(x):
             if isinstance(x, optax.ScaleByAdamState):
                 tree = jax.tree.structure(x.mu)
-                return x._replace(count=optax.safe_increment(x.count), mu=jax.tree.unflatten(tree, new_m[0::2]),
+                return x._replace(count=_advance(x.count, steps), mu=jax.tree.unflatten(tree, new_m[0::2]),
                                   nu=jax.tree.unflatten(tree, new_m[1::2]))
             if isinstance(x, optax.TraceState):
                 return x._replace(trace=jax.tree.unflatten(jax.tree.structure(x.trace), list(new_m)))
             if isinstance(x, optax.ScaleByScheduleState):
-                return x._replace(count=optax.safe_increment(x.count))
+                return x._replace(count=_advance(x.count, steps))
             return x
         for i, k in enumerate(cap.diff):
             leaves[k] = new_p[i]
         return loss, (jax.tree.unflatten(ptree, leaves), jax.tree.map(renew, opt_state, is_leaf=is_node))
 
-    step = jax.jit(step, donate_argnums=0)
+    def scan(state, *batches):
+        """``jax.lax.scan(step, state, batches)`` as one custom call: ``(state, losses)``."""
+        steps = _steps_of(batches)
+        losses, state = run(state, batches, steps)
+        return state, losses
+
+    step = jax.jit(lambda state, *batch: run(state, batch, None), donate_argnums=0)
+    step.scan = jax.jit(scan, donate_argnums=0)
     step.captured = cap
     _check(step, fn, params, example_batch, optimizer, dt)
     return step
+
+
+def _advance(count, steps):
+    """optax.safe_increment applied ``steps`` times (None: once)."""
+    import optax
+    if steps is None:
+        return optax.safe_increment(count)
+    top = jnp.iinfo(count.dtype).max
+    return jnp.where(count <= top - steps, count + steps, top).astype(count.dtype)
+
+
+def _steps_of(batches):
+    """The number of steps K in stacked batches (every leaf's leading axis), or a CaptureError."""
+    leaves = jax.tree.leaves(batches)
+    sizes = {tuple(jnp.shape(x))[:1] for x in leaves}
+    if not leaves or len(sizes) != 1 or sizes == {()}:
+        raise CaptureError(f"step.scan: every batch leaf must hold one batch per step on a shared leading axis, "
+                           f"got shapes {[tuple(jnp.shape(x)) for x in leaves]}")
+    return sizes.pop()[0]
 
 
 def _check(step, fn, params, batch, optimizer, dt, steps=3):

@@ -319,8 +319,26 @@ def _host_value_unlocked(program, grads):
     return run
 
 
-def _host_episode(program, flat=False, lr=False):
-    return _locked(program, _host_episode_unlocked(program, flat, lr))
+def _host_episode(program, flat=False, lr=False, steps=None):
+    run = _host_episode_unlocked(program, flat, lr)
+    return _locked(program, run if steps is None else _host_steps(program, run, steps))
+
+
+def _host_steps(program, one, steps):
+    """``one`` (the positional episode) run ``steps`` times, the state carried and the inputs,
+    learning rate and data taken block by block, as the handler's ``steps`` attribute does."""
+    nw = len(program.params) + len(program.opt.state_arrays()) + 1
+
+    def run(outs, *xs):
+        state, per_step = list(xs[:nw]), xs[nw:]
+        for t in range(steps):
+            res = [np.empty((), outs[0].dtype)] + [np.empty_like(np.asarray(x)) for x in state]
+            one(res, *state, *(x[t] for x in per_step))
+            outs[0][t] = res[0]
+            state = res[1:]
+        for out, x in zip(outs[1:], state):
+            np.copyto(out, x)
+    return run
 
 
 def _host_episode_unlocked(program, flat=False, lr=False):
@@ -507,17 +525,25 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
     if lr:
         attrs["lr"] = np.int64(1)
 
-    def extra(inputs, data_, lr_):
-        """The inputs, then the learning rate and the data operands this episode takes, checked."""
+    def extra(inputs, data_, lr_, steps=None):
+        """The inputs, then the learning rate and the data operands this episode takes, checked (with
+        ``steps``: each holds one block per step on a leading axis, checked by its first block)."""
         inputs = tuple(jnp.asarray(x) for x in inputs)
         data_ = tuple(jnp.asarray(x) for x in data_) if data else ()
-        groups = [("inputs", sig.inputs, inputs)] + ([("data", sig.data, data_)] if data else [])
         if lr and lr_ is None:
             raise ProgramError("program_episode: this episode was built with lr=True: pass lr= (the step's "
                                "learning rate)")
         if not lr and lr_ is not None:
             raise ProgramError("program_episode: lr= is taken by an episode built with lr=True")
-        rate = (jnp.asarray(lr_, sig.dtype).reshape(()),) if lr else ()
+        rate = (jnp.asarray(lr_, sig.dtype).reshape(() if steps is None else (steps,)),) if lr else ()
+        if steps is not None:
+            for name, xs in (("inputs", inputs), ("data", data_)):
+                for k, x in enumerate(xs):
+                    if x.ndim == 0 or x.shape[0] != steps:
+                        raise ProgramError(f"program_episode: steps={steps}: {name}[{k}] must hold one block per "
+                                           f"step on its leading axis, got shape {tuple(x.shape)}")
+        first = (lambda xs: xs) if steps is None else (lambda xs: tuple(x[0] for x in xs))
+        groups = [("inputs", sig.inputs, first(inputs))] + ([("data", sig.data, first(data_))] if data else [])
         return inputs, rate, data_, groups
 
     if flat:
@@ -540,21 +566,25 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
         flat_step.program, flat_step.native = program, native
         return flat_step
 
-    def positional(params, opt_state, count, inputs, data=(), lr=None):
+    def positional(params, opt_state, count, inputs, data=(), lr=None, steps=None):
+        if steps is not None and (not isinstance(steps, int) or steps < 1):
+            raise ProgramError(f"program_episode: steps must be a positive int (the number of steps in one "
+                               f"call), got {steps!r}")
         params = tuple(jnp.asarray(x) for x in params)
         opt_state = tuple(jnp.asarray(x) for x in opt_state)
-        inputs, rate, data_, groups = extra(inputs, data, lr)
+        inputs, rate, data_, groups = extra(inputs, data, lr, steps)
         count = count_operand(count, sig.dtype)
         sig.check("program_episode", [("params", sig.params, params), ("opt_state", sig.state, opt_state)] + groups)
         xs = params + opt_state + (count,) + inputs + rate + data_
-        specs = [_spec(xs, (), sig.dtype)] + [_spec(xs, s, sig.dtype) for s in sig.params + sig.state]
-        specs.append(_spec(xs, (), sig.dtype))
+        specs = [_spec(xs, () if steps is None else (steps,), sig.dtype)]
+        specs += [_spec(xs, s, sig.dtype) for s in sig.params + sig.state] + [_spec(xs, (), sig.dtype)]
         if native:
+            more = {} if steps is None else {"steps": np.int64(steps)}
             out = jax.ffi.ffi_call(names["episode"], specs, input_output_aliases=aliases,
-                                   vmap_method="sequential")(*xs, **attrs)
+                                   vmap_method="sequential")(*xs, **attrs, **more)
         else:
-            out = host_call(_host_episode(program, lr=bool(rate)), specs, *xs, vmap_method="sequential",
-                            input_output_aliases=aliases)
+            run = _host_episode(program, lr=bool(rate), steps=steps)
+            out = host_call(run, specs, *xs, vmap_method="sequential", input_output_aliases=aliases)
         return out[0], tuple(out[1:1 + np_]), tuple(out[1 + np_:1 + np_ + ns]), count_result(out[-1], sig.dtype)
 
     def step(params, opt_state, inputs, data=(), lr=None):
@@ -563,7 +593,8 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
         return (loss,) + _named(program, p, st, count)
 
     step.program, step.native = program, native
-    # the same call on positional tuples: (params, [mu_0, nu_0, …], count (an integer), inputs[, data, lr])
+    # the same call on positional tuples: (params, [mu_0, nu_0, …], count (an integer), inputs[, data, lr]);
+    # steps=K runs K steps in one call, inputs, data and lr holding one block per step (the loss: K values)
     step.positional = positional
     return step
 

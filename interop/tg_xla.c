@@ -25,7 +25,9 @@
  * The episode's params/state/count results alias their operands (input_output_aliases). A float32
  * program's count carries int32's bits (exact past 2**24); a float64 one holds the value. With the
  * attribute `data` = 1 every call also passes the program's data slots (int32/int64, bool) last; with
- * `lr` = 1 an episode passes this step's learning rate (a scalar, before the data).
+ * `lr` = 1 an episode passes this step's learning rate (a scalar, before the data). With `steps` = K
+ * an episode runs K steps in one call: its inputs, learning rate and data hold K blocks (one per step,
+ * in order), the state is carried in place from step to step, and the loss result holds K values.
  */
 #include <pthread.h>
 #include <sched.h>
@@ -631,16 +633,22 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
     wn[k] = k < np ? tg_slot_elems(p, k) : pinfo[8 * ((k - np) / in->nm) + 5];
     total += wn[k];
   }
-  int64_t first_input = flat ? 1 : nw + 1, first_data = first_input + ni + c.lr;
+  int64_t first_input = flat ? 1 : nw + 1, first_data = first_input + ni + c.lr, K = 1;
+  if (tg_attr_i64(cf, "steps", &K) && K < 1) K = 1;
   int bad = flat && tg_batch(cf, who, 0, total, "flat state", 0, 1, &c) < 0;
-  bad = bad || (c.lr && tg_batch(cf, who, first_input + ni, 1, "lr", 0, 1, &c) < 0);
+  bad = bad || (c.lr && tg_batch(cf, who, first_input + ni, 1, "lr", 0, K, &c) < 0);
   for (int64_t d = 0; !bad && d < c.nd; d++)
-    bad = tg_batch(cf, who, first_data + d, p->sizes[p->dindex[d]] / p->dsize[d], "data", d, 1, &c) < 0;
+    bad = tg_batch(cf, who, first_data + d, p->sizes[p->dindex[d]] / p->dsize[d], "data", d, K, &c) < 0;
   for (int64_t k = flat ? first_input : 0; !bad && k < first_input + ni; k++) {
     int64_t n = k >= first_input ? tg_slot_elems(p, TG_SLOT_INPUT(p, k - first_input)) : k < nw ? wn[k] : 1;
     const char *slot = k >= first_input ? "inputs" : k < np ? "params" : k < nw ? "opt_state" : "count";
     int64_t j = k >= first_input ? k - first_input : k < np ? k : k < nw ? k - np : 0;
-    bad = tg_batch(cf, who, k, n, slot, j, 1, &c) < 0;
+    bad = tg_batch(cf, who, k, n, slot, j, k >= first_input ? K : 1, &c) < 0;
+  }
+  if (!bad && tg_elems(cf->rets.rets[0]) != K) {
+    snprintf(c.msg, sizeof c.msg, "%s: the loss result holds %lld values for %lld steps", who,
+             (long long)tg_elems(cf->rets.rets[0]), (long long)K);
+    bad = 1;
   }
   if (bad) {
     pthread_mutex_unlock(&in->mu);
@@ -651,7 +659,7 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
   memset(ptr, 0, sizeof ptr);
   for (int64_t k = 0; k < ni; k++)
     ptr[TG_SLOT_INPUT(p, k)] = tg_data(cf, 0, first_input + k);
-  int64_t off = 0;
+  int64_t off = 0;   /* (an input's extent for the overlap test: all K blocks) */
   for (int64_t k = 0; k < nw; k++) {   /* written slots work in the result (aliased to the operand) */
     src[k] = flat ? tg_data(cf, 0, 0) + off : tg_data(cf, 0, k);
     dst[k] = flat ? tg_data(cf, 1, 1) + off : tg_data(cf, 1, 1 + k);
@@ -660,7 +668,7 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
     int clash = 0;
     for (int64_t j = 0; j < ni; j++)
       clash |= tg_overlap(dst[k], wn[k] * es, ptr[TG_SLOT_INPUT(p, j)],
-                          tg_slot_elems(p, TG_SLOT_INPUT(p, j)) * es);
+                          K * tg_slot_elems(p, TG_SLOT_INPUT(p, j)) * es);
     ptr[k < np ? k : TG_SLOT_STATE(p, k - np)] = clash ? NULL : dst[k];
   }
   tg_point(in, ptr);
@@ -669,20 +677,28 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
       int64_t i = k < np ? p->index[k] : tg_state_entry(in, pinfo, k - np);
       memcpy((char *)(intptr_t)in->base[i], dst[k], wn[k] * es);
     }
-  for (int64_t d = 0; d < c.nd; d++) {
-    int64_t i = p->dindex[d];
-    tg_data_copy((char *)(intptr_t)in->base[i], p->dsize[d], cf->args.args[first_data + d],
-                 p->sizes[i] / p->dsize[d], 0);
-  }
   char *cnt_in = flat ? tg_data(cf, 0, 0) + off : tg_data(cf, 0, nw);
   in->sc[0] = es == 8 ? *(double *)cnt_in : (double)*(int32_t *)cnt_in;   /* float32: int32's bits */
-  if (c.lr) {   /* this step's learning rate (a schedule's value), for this call only */
-    char *lr = tg_data(cf, 0, first_input + ni);
-    in->sc[6] = 1.0;
-    in->sc[7] = es == 8 ? *(double *)lr : (double)*(float *)lr;
-  }
   tg_begin_run(p, in, cf);
-  p->episode(in->run);
+  for (int64_t t = 0; t < K; t++) {
+    if (t > 0) {   /* step t's inputs: block t of each */
+      for (int64_t k = 0; k < ni; k++)
+        ptr[TG_SLOT_INPUT(p, k)] = tg_data(cf, 0, first_input + k) + t * tg_slot_elems(p, TG_SLOT_INPUT(p, k)) * es;
+      tg_point(in, ptr);
+    }
+    for (int64_t d = 0; d < c.nd; d++) {
+      int64_t i = p->dindex[d];
+      tg_data_copy((char *)(intptr_t)in->base[i], p->dsize[d], cf->args.args[first_data + d],
+                   p->sizes[i] / p->dsize[d], t);
+    }
+    if (c.lr) {   /* this step's learning rate (a schedule's value), for this call only */
+      char *lr = tg_data(cf, 0, first_input + ni) + t * es;
+      in->sc[6] = 1.0;
+      in->sc[7] = es == 8 ? *(double *)lr : (double)*(float *)lr;
+    }
+    p->episode(in->run);
+    memcpy(tg_data(cf, 1, 0) + t * es, (char *)(intptr_t)in->run[p->loss], es);
+  }
   tg_blas_leave(p);
   in->sc[6] = 0.0;
   for (int64_t k = 0; k < nw; k++)
@@ -690,7 +706,6 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
       int64_t i = k < np ? p->index[k] : tg_state_entry(in, pinfo, k - np);
       memcpy(dst[k], (char *)(intptr_t)in->base[i], wn[k] * es);
     }
-  memcpy(tg_data(cf, 1, 0), (char *)(intptr_t)in->run[p->loss], es);
   char *cnt = flat ? tg_data(cf, 1, 1) + off : tg_data(cf, 1, 1 + nw);
   if (es == 8) *(double *)cnt = in->sc[0]; else *(int32_t *)cnt = (int32_t)in->sc[0];
   pthread_mutex_unlock(&in->mu);

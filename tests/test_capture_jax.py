@@ -253,6 +253,51 @@ def test_train_step_keeps_optax_s_state_and_matches_plain_optax_over_100_steps(n
         assert all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(cont[0]))
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["adam", "clip+adamw(cosine, mask)", "sgd(nesterov, warmup cosine)"])
+def test_step_scan_runs_k_steps_in_one_call_as_lax_scan_of_the_step(backend, name):
+    rng = np.random.default_rng(13)
+    w = mlp_params(rng)
+    xs, ys = jnp.asarray(rng.standard_normal((12, 5, 6))), jnp.asarray(rng.integers(0, 4, (12, 5)))
+    opt = OPTIMIZERS[name]()
+    step, state = interop.train_step(mlp_loss, w, xs[0], ys[0], optimizer=opt, backend=backend)
+    assert step.native_update
+    copy = lambda s: jax.tree.map(jnp.array, s)   # noqa: E731 — both forms donate their state
+    want = jax.jit(lambda s: jax.lax.scan(lambda s, b: step(s, *b)[::-1], s, (xs, ys)))(copy(state))
+    got = step.scan(copy(state), xs, ys)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    assert [a.dtype for a in jax.tree.leaves(got)] == [a.dtype for a in jax.tree.leaves(want)]
+    if name == "adam":   # the same episodes in the same order: the same bits
+        assert all(bool(jnp.all(a == b)) for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    else:   # a schedule's values come from one vectorised evaluation instead of one per step
+        assert rel(got, want) <= 1e-12
+    @jax.jit   # and both are what plain optax computes, step by step
+    def ref(p, s, x, y):
+        loss, g = jax.value_and_grad(mlp_loss)(p, x, y)
+        u, s = opt.update(g, s, p)
+        return loss, optax.apply_updates(p, u), s
+    p, s = w, opt.init(w)
+    for k in range(12):
+        loss, p, s = ref(p, s, xs[k], ys[k])
+        assert abs(float(got[1][k]) - float(loss)) <= 1e-12 * max(1.0, abs(float(loss))), k
+    assert rel(got[0], (p, s)) <= 1e-12
+    # the gradient-only form (optax's update in XLA) has the same scan
+    xla, state = interop.train_step(mlp_loss, w, xs[0], ys[0], optimizer=opt, backend=backend, native_update=False)
+    assert rel(xla.scan(state, xs, ys), got) <= 1e-12
+
+
+def test_step_scan_names_batches_without_a_shared_step_axis():
+    rng = np.random.default_rng(14)
+    w = mlp_params(rng)
+    x, y = jnp.asarray(rng.standard_normal((5, 6))), jnp.asarray(rng.integers(0, 4, 5))
+    step, state = interop.train_step(mlp_loss, w, x, y, optimizer=optax.adam(1e-2))
+    with pytest.raises(CaptureError, match=r"step.scan: every batch leaf must hold one batch per step on a shared "
+                                           r"leading axis, got shapes \[\(3, 5, 6\), \(4, 5\)\]"):
+        step.scan(state, jnp.stack([x] * 3), jnp.stack([y] * 4))
+    loss, state = step(state, x, y)   # the state was not consumed by the refused call
+    assert np.isfinite(float(loss))
+
+
 def test_train_step_runs_an_optimizer_without_a_native_form_through_xla_and_says_why():
     rng = np.random.default_rng(10)
     w = mlp_params(rng)

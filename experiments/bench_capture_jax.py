@@ -4,7 +4,7 @@ train_step runs optax.adam natively: forward, backward and the update are one cu
 captured program, on optax's own state. Its other form (native_update=False: the forward and backward
 as one custom call, optax's update in XLA) is timed beside it. Side by side in one process (median of
 interleaved repeats), per call and inside a jitted lax.scan over 100 steps (100 different batches),
-and ``step.scan`` (the same 100 steps as one custom call, checked equal to the lax.scan); float64. The losses of
+and ``step.scan`` (the same 100 steps as one custom call, checked against the lax.scan at 1e-12); float64. The losses of
 jit and the native step over 100 steps are compared (max relative difference). ``--quick``: fewer
 repeats.
 """
@@ -127,9 +127,10 @@ def main():
         scans = {"jit": scanned(ref_step), "ours": scanned(ours), "xla": scanned(xla),
                  "scan": lambda s: ours.scan(s, xs, ys)}
         sstate = {k: (jax.tree.map(jnp.array, params), opt.init(params)) for k in scans}
-        same = jax.tree.map(lambda a, b: bool(jnp.all(a == b)), scans["ours"](sstate["ours"]),
-                            scans["scan"]((jax.tree.map(jnp.array, params), opt.init(params))))
-        assert all(jax.tree.leaves(same)), "step.scan differs from lax.scan of the step"
+        a = jax.tree.leaves(scans["ours"]((jax.tree.map(jnp.array, params), opt.init(params))))
+        b = jax.tree.leaves(scans["scan"]((jax.tree.map(jnp.array, params), opt.init(params))))
+        gap = max(float(jnp.max(jnp.abs(u - v))) / max(1.0, float(jnp.max(jnp.abs(u)))) for u, v in zip(a, b))
+        assert gap <= 1e-12, f"step.scan differs from lax.scan of the step by {gap:.1e}"
 
         def srunner(key):
             def run():

@@ -58,7 +58,8 @@ CONSTANT = frozenset({"sign", "floor", "ceil", "round", "stop_gradient", "nextaf
 # Rules that read JAX's values of their own operands or results (the replay keeps those for them),
 # and rules whose results follow their operands one by one (an untainted operand stays untainted).
 VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort", "lu", "custom_linear_solve", "pow", "erf_inv",
-                         "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac", "eigh", "qr", "svd"})
+                         "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac", "eigh", "qr", "svd",
+                         "cholesky"})
 PER_OPERAND = frozenset({"optimization_barrier", "sort"})
 
 
@@ -734,9 +735,57 @@ rule("reduce_window_sum", doc="`tg.sum_pool`", needs=("sum_pool",))(_window("sum
 
 # ── linear algebra ───────────────────────────────────────────────────────────
 
-@rule("cholesky", doc="`tg.cholesky`", needs=("cholesky",))
+def _batched_matmul(a, b):
+    if a.ndim == 2:
+        return tg.matmul(a, b)
+    n = a.shape[-1]
+    return tg.reshape(tg.bmm(tg.reshape(a, (-1, n, n)), tg.reshape(b, (-1, n, n))), a.shape)
+
+
+_CHOLESKY_TANGENT = []
+
+
+def jax_cholesky_mirrors_its_tangent():
+    """Whether JAX's cholesky JVP reads only the tangent's lower triangle, mirrored (as LAPACK reads the
+    input; jax 0.12), or takes the tangent as given (jax 0.10): asked of the installed JAX once, on a
+    2 × 2 matrix with a tangent above the diagonal only (zero derivative when mirrored)."""
+    if not _CHOLESKY_TANGENT:
+        with jax.ensure_compile_time_eval():
+            x, t = np.array([[1.0, 1.0], [1.0, 2.0]], np.float32), np.array([[0.0, 1.0], [0.0, 0.0]], np.float32)
+            f = lambda x: jax.lax.linalg.cholesky(x, symmetrize_input=False)   # noqa: E731
+            _CHOLESKY_TANGENT.append(not np.any(np.asarray(jax.jvp(f, (x,), (t,))[1])))
+    return _CHOLESKY_TANGENT[0]
+
+
+@rule("cholesky", doc="`tg.cholesky` of the lower triangle (mirrored), the triangle LAPACK and JAX read, with "
+      "the derivative written here as the installed JAX's rule takes it: dL = L Φ(L⁻¹ dA L⁻ᵀ), Φ the lower "
+      "triangle with its diagonal halved, dA as given (jax 0.10: `cho_factor` does not symmetrise its input) "
+      "or its lower triangle mirrored (jax 0.12); above the diagonal, which JAX leaves unspecified, JAX's "
+      "value without gradient", needs=("cholesky", "triangular_solve", "stop_gradient", "bmm"))
 def _cholesky(r, xs, eqn):
-    return tg.cholesky(r.var(xs[0]))
+    a = r.var(xs[0])
+    n = a.shape[-1]
+    below = np.broadcast_to(np.tril(np.ones((n, n)), -1), a.shape).astype(r.tape.dtype)
+    diag = r.var(np.broadcast_to(np.eye(n), a.shape).astype(r.tape.dtype))
+    perm = tuple(range(a.ndim - 2)) + (a.ndim - 1, a.ndim - 2)
+
+    def mirrored(v):    # the lower triangle, mirrored above the diagonal
+        low = v * below
+        return low + _permute(r, low, perm) + v * diag
+
+    fixed = tg.stop_gradient(a)
+    L = tg.cholesky(mirrored(fixed))     # a constant of the tape (no gradient through it): JAX's value
+    delta = a - fixed                    # 0, with dA as its derivative
+    if jax_cholesky_mirrors_its_tangent():
+        delta = mirrored(delta)
+    x = tg.triangular_solve(L, tg.triangular_solve(L, delta, left_side=True, lower=True), left_side=False,
+                            lower=True, transpose_a=True)              # L⁻¹ dA L⁻ᵀ
+    phi = r.var(np.broadcast_to(np.tril(np.ones((n, n)), -1) + 0.5 * np.eye(n), a.shape).astype(r.tape.dtype))
+    out = L + _batched_matmul(L, x * phi)
+    jax_above = np.triu(r.jout(0), 1)
+    if np.array_equal(jax_above, np.triu(r.value(a), 1)):    # LAPACK leaves the input there (CPU)
+        return out + fixed * r.var((1.0 - np.tril(np.ones((n, n)))) * np.ones(a.shape, r.tape.dtype))
+    return out + r.var(jax_above)
 
 
 @rule("triangular_solve", doc="`tg.triangular_solve`", needs=("triangular_solve",))

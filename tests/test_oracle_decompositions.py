@@ -116,3 +116,73 @@ def test_a_batched_svd_is_refused_by_name_and_complete_vectors_are_jax_s_refusal
         complete = lambda a: jnp.sum(jnp.linalg.svd(a)[0] ** 4)   # noqa: E731
         with pytest.raises(NotImplementedError, match="jax.grad itself cannot differentiate"):
             interop.check_grads(complete, a)
+
+
+# ── cholesky: what cho_factor leaves unspecified, and the tangent JAX's rule takes ────────────────────
+
+def _cho_solve(b, lower=True):
+    return lambda a: jnp.sum(jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(a, lower=lower), b) ** 2)
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_cho_solve_replays_jax_s_unspecified_triangle_and_matches_jax_vjp_and_finite_differences(lower):
+    """cho_factor does not symmetrise its input: JAX's cholesky leaves the other triangle as LAPACK left it
+    (the input's), and its rule takes the tangent as given (jax 0.10) or mirrors its lower triangle (jax
+    0.12). The replay keeps that triangle's value and follows the installed JAX's rule; finite differences
+    along symmetric directions (of B in A = B Bᵀ + 4 I) agree with both."""
+    from interop.oracle_rules import jax_cholesky_mirrors_its_tangent
+    rng = np.random.default_rng(14)
+    with jax.enable_x64(True):
+        B = jnp.asarray(rng.standard_normal((4, 4)))
+        b = jnp.asarray(rng.standard_normal((4, 2)))
+        spd = B @ B.T + 4 * jnp.eye(4)
+        f = _cho_solve(b, lower)
+        report = interop.check_grads(f, spd)
+        assert report.ok and report.error <= 1e-12 and report.first_divergence is None, str(report)
+        tape = np.asarray(report.grads[0])
+        np.testing.assert_allclose(tape, np.asarray(jax.vjp(f, spd)[1](1.0)[0]), rtol=1e-12, atol=1e-12)
+        if jax_cholesky_mirrors_its_tangent():   # then the gradient is LAPACK's function's, element by element
+            np.testing.assert_allclose(tape, _fd(f, spd), rtol=0, atol=1e-7)
+        of_b = lambda B: f(B @ B.T + 4 * jnp.eye(4))   # noqa: E731
+        report = interop.check_grads(of_b, B)
+        assert report.ok and report.error <= 1e-12, str(report)
+        np.testing.assert_allclose(np.asarray(report.grads[0]), _fd(of_b, B), rtol=0, atol=1e-7)
+        # an input whose other triangle is not the mirror: cho_factor reads one triangle only, as the replay
+        noisy = (jnp.tril if lower else jnp.triu)(spd) + (jnp.triu if lower else jnp.tril)(
+            jnp.asarray(rng.standard_normal((4, 4))), 1 if lower else -1)
+        report = interop.check_grads(f, noisy)
+        assert report.ok and report.error <= 1e-12 and report.first_divergence is None, str(report)
+
+
+def test_cholesky_symmetrised_batched_and_in_a_gradient_penalty_still_replay():
+    rng = np.random.default_rng(15)
+    with jax.enable_x64(True):
+        B = jnp.asarray(rng.standard_normal((3, 3)))
+        spd = B @ B.T + 3 * jnp.eye(3)
+        x = jnp.asarray(rng.standard_normal((2, 3)))
+        mvn = lambda a: jnp.sum(jax.scipy.stats.multivariate_normal.logpdf(x, jnp.zeros(3), a))   # noqa: E731
+        cho = _cho_solve(x.T)
+        cases = {"multivariate_normal": (mvn, spd),
+                 "batched": (lambda a: jnp.sum(jnp.linalg.cholesky(a) ** 3), jnp.stack([spd, spd + jnp.eye(3)])),
+                 "vmap of cho_solve": (lambda a: jnp.sum(jax.vmap(cho)(a)), jnp.stack([spd, 2 * spd])),
+                 "gradient penalty": (lambda a: cho(a) + jnp.sum(jax.grad(cho)(a) ** 2), spd)}
+        for name, (f, a) in cases.items():
+            report = interop.check_grads(f, a)
+            assert report.ok and report.error <= 1e-12, f"{name}: {report}"
+        of_b = lambda B: mvn(B @ B.T + 3 * jnp.eye(3))   # noqa: E731
+        np.testing.assert_allclose(np.asarray(interop.check_grads(of_b, B).grads[0]), _fd(of_b, B), rtol=0, atol=1e-6)
+
+
+def test_a_captured_cholesky_computes_its_factor_at_every_call_not_the_example_s():
+    """The rule reads no value of JAX's in the lower triangle (its factor is tg.cholesky on the tape, the
+    derivative from it), so a captured program is right at arguments other than the example."""
+    rng = np.random.default_rng(16)
+    with jax.enable_x64(True):
+        B = jnp.asarray(rng.standard_normal((4, 4)))
+        b = jnp.asarray(rng.standard_normal((4, 2)))
+        f = _cho_solve(b)
+        vg = interop.value_and_grad(f, B @ B.T + 4 * jnp.eye(4), backend="numpy")
+        other = B.T @ B + 2 * jnp.eye(4)
+        v, g = jax.jit(vg)(other)
+        assert float(v) == pytest.approx(float(f(other)), rel=1e-12)
+        np.testing.assert_allclose(np.asarray(g), np.asarray(jax.grad(f)(other)), rtol=1e-10, atol=1e-12)

@@ -37,7 +37,9 @@ from .program import program_call, program_episode
 # rules that read JAX's values of their operands or results as numbers, so a program would keep the
 # values of the capture's example: not capturable (the oracle, which checks one point, uses them)
 _FREEZING = frozenset({"cbrt", "rem", "pow", "clamp", "top_k", "sort", "argsort", "lu", "custom_linear_solve",
-                       "scatter-mul", "scatter_mul", "scatter-min", "scatter-max", "scatter_min", "scatter_max"})
+                       "scatter-mul", "scatter_mul", "scatter-min", "scatter-max", "scatter_min", "scatter_max",
+                       # the oracle's rules that take JAX's value (derivative written here): frozen at the example
+                       "erf_inv", "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac", "eigh", "qr", "svd"})
 # the rules below take integer or boolean operands, and feed them per call
 _TAKES_DATA = frozenset({"select_n", "gather", "scatter-add", "scatter_add", "scatter"})
 

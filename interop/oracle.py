@@ -36,6 +36,7 @@ import tapegrad as tg
 from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
+import jax.extend.core as _core  # noqa: E402
 from .oracle_loops import loop_envs
 from .oracle_replay import (CONTROL, CUSTOM_CALLS, TRUST, JEnv, Literal, Plan, Replay, bind, compiled, custom_name,
                             diff, is_data, is_float, is_key, kind, lowp_bound, of_floats, summary)
@@ -179,6 +180,12 @@ _PREP = {}
 FULL_EVALUATIONS = [0]   # how often JAX's value of every step was needed (only to locate a divergence)
 
 
+def clear_caches():
+    """Forget every cached trace and compiled JAX side (the next check of each function is cold)."""
+    _PREP.clear()
+    _VJP.clear()
+
+
 class _Prepared:
     pass
 
@@ -308,6 +315,7 @@ def _prepare(f, args, argnums, has_aux, trust=frozenset(), precision="float64", 
             "Python value that should stay static (check_grads(lambda x: f(x, flag), x)); or pass concrete=True "
             "to check f as jax.grad runs it, Python branches taken at these argument values. JAX said: "
             f"{str(e).splitlines()[0]}") from e
+    closed = _shared_bodies(closed)
     if concrete:
         p.reads = reads[0]
         key = key + (reads[0].digest(),)
@@ -358,6 +366,56 @@ def _prepare(f, args, argnums, has_aux, trust=frozenset(), precision="float64", 
         _PREP.clear()
     _PREP[key] = p
     return p, leaves
+
+
+# ── one object per distinct loop body ──────────────────────────────────────────────────────────
+
+_LOOPS = frozenset({"scan", "while", "cond"})
+
+
+def _shared_bodies(closed):
+    """``closed`` with identical loop and branch bodies made one object (an optimizer step calling
+    ``tx.update`` twice traces muon's Newton–Schulz ``scan`` twice, two equal jaxprs): the replay keys
+    a body's plan and its compiled per-iteration values by the body object, so each distinct body is
+    then compiled once. Bodies are equal when their text and their constants (by identity) are."""
+    seen, memo = {}, {}
+
+    def walk_jaxpr(jx):
+        hit = memo.get(id(jx))
+        if hit is not None:
+            return hit[1]
+        eqns, changed = [], False
+        for e in jx.eqns:
+            loop = e.primitive.name in _LOOPS
+            new = {}
+            for k, v in e.params.items():
+                nv = walk(v, loop)
+                if nv is not v:
+                    new[k] = nv
+            if new:
+                e = e.replace(params={**e.params, **new})
+                changed = True
+            eqns.append(e)
+        out = jx.replace(eqns=eqns) if changed else jx
+        memo[id(jx)] = (jx, out)
+        return out
+
+    def walk(v, loop):
+        if isinstance(v, tuple):
+            items = tuple(walk(x, loop) for x in v)
+            return items if any(a is not b for a, b in zip(items, v)) else v
+        if isinstance(v, _core.ClosedJaxpr):
+            inner = walk_jaxpr(v.jaxpr)
+            w = v if inner is v.jaxpr else v.replace(jaxpr=inner)
+            key = (1, str(w.jaxpr), tuple(id(c) for c in w.consts))
+        elif isinstance(v, _core.Jaxpr):
+            w = walk_jaxpr(v)
+            key = (0, str(w), ())
+        else:
+            return v
+        return seen.setdefault(key, w) if loop else w
+
+    return walk(closed, False)
 
 
 # ── concrete=True: the trace with the arguments' values readable, as jax.grad runs f ─────────────

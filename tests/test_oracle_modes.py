@@ -245,3 +245,29 @@ def test_the_patch_is_gone_after_a_concrete_check():
     assert "to_concrete_value" not in pe.DynamicJaxprTracer.__dict__
     with pytest.raises(interop.TracingError):
         interop.check_grads(lambda x: x.sum() if x.sum() > 0 else -x.sum(), jnp.ones(3))
+
+
+# ── cold checks: one compile per distinct loop body ──────────────────────────
+
+def test_identical_loop_bodies_are_one_object_so_compiled_once():
+    from interop import oracle as O
+
+    def ns(g):   # a Newton–Schulz-like scan, traced anew (a new jaxpr object) at every call
+        return jax.lax.scan(lambda x, _: (1.5 * x - 0.5 * x @ x.T @ x, None), g / jnp.linalg.norm(g), None,
+                            length=3)[0]
+
+    def f(w):
+        u = ns(jnp.tanh(w))
+        return jnp.sum(ns(w - 0.1 * u) ** 2)
+    w = jnp.asarray(np.random.default_rng(2).standard_normal((3, 3)))
+    with jax.enable_x64(True):
+        raw = jax.make_jaxpr(f)(w)
+    bodies = [e.params["jaxpr"] for e in raw.jaxpr.eqns if e.primitive.name == "scan"]
+    assert len(bodies) == 2 and bodies[0] is not bodies[1] and str(bodies[0]) == str(bodies[1])
+    shared = O._shared_bodies(raw)
+    a, b = [e.params["jaxpr"] for e in shared.jaxpr.eqns if e.primitive.name == "scan"]
+    assert a is b
+    r = interop.check_grads(f, w)
+    assert r.ok, str(r)
+    with jax.enable_x64(True):
+        np.testing.assert_allclose(r.grads[0], np.asarray(jax.grad(f)(w)), rtol=1e-10, atol=1e-12)

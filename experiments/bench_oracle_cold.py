@@ -20,7 +20,6 @@ Run: ``.venv/bin/python experiments/bench_oracle_cold.py [--profile optax_muon_s
 import argparse
 import cProfile
 import os
-import platform
 import pstats
 import statistics
 import subprocess
@@ -28,7 +27,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from mlp import cpu_model  # noqa: E402
 import optax  # noqa: E402
 import optax.contrib  # noqa: E402
 
@@ -45,17 +46,6 @@ CASES = {
     "optax_lamb_step": optax.lamb(1e-2),
     "optax_adam_step": optax.adam(1e-2),
 }
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def cold():
@@ -157,7 +147,7 @@ def main():
     if o.profile:
         profile(o.profile)
         return
-    print(f"CPU: {cpu_name()} ({os.cpu_count()} logical cores), jax {jax.__version__}, optax {optax.__version__}")
+    print(f"CPU: {cpu_model()} ({os.cpu_count()} logical cores), jax {jax.__version__}, optax {optax.__version__}")
     interop.check_grads(lib._step(optax.sgd(0.1)), *args(), argnums=0)   # JAX's one-time start-up, excluded
     _count_compiles()
     print("\n| case | equations (replayed) | cold s (compiles) | warm s | before: cold s (compiles) | first call in "

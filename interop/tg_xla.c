@@ -659,7 +659,7 @@ static XLA_FFI_Error *tg_episode_impl(XLA_FFI_CallFrame *cf, const char *who, in
   memset(ptr, 0, sizeof ptr);
   for (int64_t k = 0; k < ni; k++)
     ptr[TG_SLOT_INPUT(p, k)] = tg_data(cf, 0, first_input + k);
-  int64_t off = 0;   /* (an input's extent for the overlap test: all K blocks) */
+  int64_t off = 0;
   for (int64_t k = 0; k < nw; k++) {   /* written slots work in the result (aliased to the operand) */
     src[k] = flat ? tg_data(cf, 0, 0) + off : tg_data(cf, 0, k);
     dst[k] = flat ? tg_data(cf, 1, 1) + off : tg_data(cf, 1, 1 + k);

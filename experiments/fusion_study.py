@@ -62,9 +62,12 @@ def run(mlps, transformer_cfg, reps, inner, quiet=False):
             fns, progs = transformer_systems(spec)
             name = f"transformer block (d {spec['d']}, T {spec['T']}, batch {spec['batch']})"
         t = side_by_side(fns, reps, inner)
-        # both programs ran the same episodes: fused must equal unfused bit for bit
+        # both programs ran the same episodes: fused must equal unfused bit for bit, in every value the
+        # fused one stores (what a fused loop keeps in a local has no buffer)
+        held = progs[True].runner.registers
         same = np.array_equal(progs[False].loss(), progs[True].loss()) and all(
-            np.array_equal(a, b) for a, b in zip(progs[False].val, progs[True].val))
+            np.array_equal(a, b) for k, (a, b) in enumerate(zip(progs[False].val, progs[True].val))
+            if ("v", k) not in held)
         rows.append((name, len(progs[True].nodes), kernels(progs[True].plan()), t, same))
         if not quiet:
             bar(i + 1, len(jobs), name)

@@ -452,18 +452,26 @@ class Program:
 
     def value(self, var: Slot) -> np.ndarray:
         """A read-only view of a node's value in the program (``var``: a Var, or a parameter's name; a CuPy
-        array on "cupy")."""
+        array on "cupy"). A value a fused native loop kept in a local is rebuilt from the stored ones by
+        NumPy's rules (exact-tier ops only, so the loop's own bits)."""
         if self.backend == "cupy":
             return self.runner.device_array(self._slot(var, "value"))
-        return readonly(self.val[self._slot(var, "value")])
+        return readonly(self._held(self._slot(var, "value"), "v"))
 
     def grad(self, var: Slot) -> np.ndarray:
-        """A read-only view of d loss/d var (zeros for nodes backward does not reach); ``var`` may be a name."""
+        """A read-only view of d loss/d var (zeros for nodes backward does not reach); ``var`` may be a name.
+        A gradient a fused native loop kept in a local is rebuilt as ``value`` rebuilds values."""
         i = self._slot(var, "grad")
         if self.backend == "cupy":
             return self.runner.device_array(i, "g")
-        g = self.grad_buf(i)
-        return readonly(g)
+        return readonly(self._held(i, "g"))
+
+    def _held(self, i, kind):
+        """A native program's buffer of node i, or (held only in a fused loop's local) its rebuilt bits."""
+        if (kind, i) in getattr(self.runner, "registers", ()):
+            from .verify import rebuilt
+            return rebuilt(self, kind, i)
+        return self.val[i] if kind == "v" else self.grad_buf(i)
 
     def grad_buf(self, i):
         g = self.grads[i]

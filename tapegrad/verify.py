@@ -58,19 +58,21 @@ class _Fresh:
 # ── what the backend computed ────────────────────────────────────────────────
 
 class _Host:
-    """A native program's buffers: the program's own host arrays."""
+    """A native program's buffers: the program's own host arrays (None: held only in a fused loop's
+    local, ``tapegrad.native.fuse.registers``)."""
 
     def __init__(self, prog):
         self.p = prog
+        self.registers = getattr(prog.runner, "registers", frozenset())
 
     def sync(self):
         pass
 
     def value(self, k):
-        return self.p.val[k]
+        return None if ("v", k) in self.registers else self.p.val[k]
 
     def grad(self, k):
-        return self.p.grads[k]
+        return None if ("g", k) in self.registers else self.p.grads[k]
 
     def moment(self, kind, j):
         return (self.p.opt.mu if kind == "M" else self.p.opt.nu)[j]
@@ -418,6 +420,42 @@ def _check_grad(prog, buf, j, acc, eps):
             _fail(prog, _who(prog, j), "gradient", expected, m,
                   f", rebuilt by NumPy's rules from the program's own values and the gradients of {parts}")
     return got
+
+
+# ── what a fused loop kept in a local ────────────────────────────────────────
+
+def rebuilt(prog, kind, k):
+    """Node ``k``'s value (``kind`` "v") or gradient ("g") that the native program held only in a fused
+    loop's local (``tapegrad.native.fuse.registers``), rebuilt by NumPy's rules from what it stored. Those
+    locals are exact-tier, whose NumPy rules give the native loop's bits (checked at ``==`` on every
+    stored value), so this is the value the loop computed."""
+    regs, ws, memo = prog.runner.registers, _Fresh(prog.dtype), {}
+
+    def value(j):
+        if ("v", j) not in regs:
+            return prog.val[j]
+        if ("v", j) not in memo:
+            op, a, b, s = prog.nodes[j]
+            extra = (value(prog.third[j]),) if op.arity == 3 else ()
+            memo["v", j] = _run(op, "fwd", None, prog.shapes[j], value(a), None if b < 0 else value(b), s, ws,
+                                extra)
+        return memo["v", j]
+
+    def grad(j):
+        if ("g", j) not in regs:
+            return prog.grad_buf(j)
+        if ("g", j) not in memo:
+            acc = _Sum()
+            for m, to_a, first_a, to_b, first_b in prog.sched:   # the contributions, in backward order
+                op, a, b, s = prog.nodes[m]
+                for to, first, t, which in ((to_a, first_a, a, "da"), (to_b, first_b, b, "db")):
+                    if to and t == j:
+                        extra = (value(prog.third[m]),) if op.arity == 3 else ()
+                        c = _run(op, which, grad(m), value(m), value(a), None if b < 0 else value(b), s, ws, extra)
+                        acc.add(c, None, first, op.name)
+            memo["g", j] = acc.ref
+        return memo["g", j]
+    return value(k) if kind == "v" else grad(k)
 
 
 # ── the first run ────────────────────────────────────────────────────────────

@@ -80,8 +80,10 @@ _arr = kernels.c_array
 class Emitter:
     """Prints one program. ``buf`` maps ("v", k) / ("g", k) / ("S", j) to buffer-table indices."""
 
-    def __init__(self, prog, buf, segments_fwd, segments_bwd, blas_bits=32, target="c", small_mm=0, views=None):
+    def __init__(self, prog, buf, segments_fwd, segments_bwd, blas_bits=32, target="c", small_mm=0, views=None,
+                 registers=frozenset()):
         self.p, self.buf, self.blas_bits, self.target = prog, buf, blas_bits, target
+        self.registers = registers   # ("v"|"g", k) a fused loop holds in a local (fuse.registers)
         # reshapes that are views of their input's buffers (runner.reshape_views): printed under the
         # root's name, so no two restrict pointers ever name one buffer, and their copies are not printed
         self.views = views or {}
@@ -174,7 +176,8 @@ class Emitter:
             e = self.d.render(rule, self.loads(rule, env, stmts), s)
             if fused:
                 stmts.append(f"const real t{k} = {e};")
-                stmts.append(f"v{k}[i] = t{k};")
+                if ("v", k) not in self.registers:
+                    stmts.append(f"v{k}[i] = t{k};")
                 inrun.add(k)
             else:
                 stmts.append(f"v{k}[i] = {e};")
@@ -328,7 +331,8 @@ class Emitter:
         for k, ta, fa, tb, fb in seg:
             op, a, b, s = p.nodes[k]
             c = p.third[k]
-            env = {"g": f"g{k}[i]", "out": f"v{k}[i]", "a": self.operand(a, os_, ()),
+            env = {"g": f"h{k}" if ("g", k) in self.registers else f"g{k}[i]", "out": f"v{k}[i]",
+                   "a": self.operand(a, os_, ()),
                    "b": self.operand(b, os_, ()) if b >= 0 else None,
                    "c": self.operand(c, os_, ()) if c >= 0 else None}
             for to, first, j, field, scr in ((ta, fa, a, "c_da", 0), (tb, fb, b, "c_db", 1)):
@@ -340,7 +344,9 @@ class Emitter:
                     after += self.unbroadcast(f"g{k}", os_, j, first)
                     continue
                 e = self.d.render(rule, self.loads(rule, env, stmts), s)
-                if p.shapes[j] == os_:
+                if ("g", j) in self.registers:
+                    stmts.append(f"real h{j} = {e};" if first else f"h{j} = h{j} + ({e});")
+                elif p.shapes[j] == os_:
                     stmts.append(f"g{j}[i] = {e};" if first else f"g{j}[i] = g{j}[i] + ({e});")
                 else:   # a broadcast input: the out-shaped contribution, then NumPy's reduction
                     stmts.append(f"S{scr}[i] = {e};")

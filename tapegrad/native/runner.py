@@ -136,8 +136,10 @@ class NativeRunner:
         self.bufs, self.index = layout(p, self.views)
         self.fwd_segs, self.bwd_segs = fuse.plan(p, bool(p.fuse), p.fuse == "libm")
         self.blas = blas_pointers(p.dtype)
+        self.registers = fuse.registers(p, self.fwd_segs, self.bwd_segs, self.views)
         self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2],
-                                      small_mm=small_gemm_limit(p.dtype), views=self.views).emit()
+                                      small_mm=small_gemm_limit(p.dtype), views=self.views,
+                                      registers=self.registers).emit()
         self.path = build.build(self.source)
         self.lib = build.load(self.path)
         self.sc = np.zeros(8, np.float64)

@@ -228,3 +228,33 @@ def test_gradients_summed_back_over_random_broadcasts_equal_the_tape():
     for shape, small, op, x, b in pairs:
         assert np.array_equal(prog.grad(b), tape.grad(b)), (shape, small, op)
         assert np.array_equal(prog.grad(x), tape.grad(x)), (shape, small, op)
+
+
+@pytest.mark.parametrize("width", [15, 16, 17, 24, 40, 131])
+def test_max_and_min_of_rows_eight_lanes_at_a_time_equal_numpy_s_with_nans_ties_and_carried_extremes(width):
+    """Rows of 16 or more are reduced eight lanes at a time: NaN anywhere in a row, repeated extremes,
+    zeros of both signs (equal under the "order" tier, as NumPy's own vectorised max treats them) and
+    outer reduced axes (an extreme carried from row to row) must give NumPy's values."""
+    rows = []
+    for k in range(12):
+        r = RNG.standard_normal(width)
+        if k % 4 == 1:   # the extreme is a zero, both signs present
+            r = -np.abs(r) if k % 8 == 1 else np.abs(r)
+            r[RNG.choice(width, 4, replace=False)] = [0.0, -0.0, -0.0, 0.0]
+        elif k % 4 == 2:
+            r[RNG.integers(width)] = np.nan
+        elif k % 4 == 3:   # a repeated nonzero extreme
+            r[RNG.choice(width, 3, replace=False)] = r.max() + 1.0
+        rows.append(r)
+    x = np.array(rows).reshape(3, 4, width)
+    tape = tg.Tape()
+    v = tape.param(x)
+    ys = [v.max(axis=2), v.min(axis=2), v.max(axis=(0, 2)), v.min(axis=(1, 2))]
+    loss = ys[0].sum()
+    for y in ys[1:]:
+        loss = loss + y.sum()
+    prog = tg.capture(tape, loss, backend="native")
+    prog.forward()
+    for y in ys:
+        assert np.array_equal(prog.value(y), tape.value(y), equal_nan=True), (width, y.shape)
+    assert np.isnan(tape.value(ys[0])).sum() == 3 and (tape.value(ys[0]) == 0.0).sum() == 2   # the cases occur

@@ -46,6 +46,47 @@ TG_FN real tg_pairwise(const real *a, long n)
     return tg_pairwise(a, n2) + tg_pairwise(a + n2, n - n2);
 }
 
+/* The running max (hi) or min of m and a[0..n), in index order: an element replaces m when it is
+ * strictly beyond it or NaN, and a NaN m stays. */
+TG_FN real tg_extreme_in_order(int hi, real m, const real *a, long n)
+{
+    for (long i = 0; i < n; i++) {
+        const real v = a[i];
+        m = (m == m && ((hi ? v > m : v < m) || v != v)) ? v : m;
+    }
+    return m;
+}
+
+/* tg_extreme_in_order, eight lanes at a time. Order shows only in which of several equal elements
+ * wins: equal doubles differ in bits only as 0.0 and -0.0, which the "order" tier counts as equal
+ * (NumPy's own vectorised max picks either), and as NaNs: a row holding a NaN is walked in order, so
+ * its first NaN comes out, as NumPy's does. */
+TG_FN real tg_extreme(int hi, real m, const real *a, long n)
+{
+    if (n < 16)
+        return tg_extreme_in_order(hi, m, a, n);
+    real r[8];
+    int odd = 0;
+    for (int j = 0; j < 8; j++)
+        r[j] = a[j];
+    long i = 8;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            const real v = a[i + j];
+            r[j] = (hi ? v > r[j] : v < r[j]) ? v : r[j];
+        }
+    real e = r[0];
+    for (int j = 1; j < 8; j++)
+        e = (hi ? r[j] > e : r[j] < e) ? r[j] : e;
+    for (; i < n; i++)
+        e = (hi ? a[i] > e : a[i] < e) ? a[i] : e;
+    for (long q = 0; q < n; q++)
+        odd |= a[q] != a[q];
+    if (odd)
+        return tg_extreme_in_order(hi, m, a, n);
+    return (m == m && (hi ? e > m : e < m)) ? e : m;
+}
+
 /* out = Σ of x (shape[nd], C-contiguous) over the axes with red[k] = 1; out is the kept-axes array.
  * mode 0: sum; mode 1: max, mode 2: min (NaN propagates); mode 3: product (sequential, as NumPy's multiply
  * reduction, which is not pairwise). When the last axis is kept, each row of the trailing kept
@@ -124,12 +165,7 @@ TG_FN void tg_reduce(int mode, const real *x, real *out, int nd0, const long *sh
                     m = m * p[i];
                 out[o] = m;
             } else {
-                real m = out[o];
-                for (long i = 0; i < inner; i++) {
-                    const real v = p[i];
-                    m = (m == m && ((mode == 1 ? v > m : v < m) || v != v)) ? v : m;
-                }
-                out[o] = m;
+                out[o] = tg_extreme(mode == 1, out[o], p, inner);
             }
             p += inner;
         }
@@ -141,43 +177,54 @@ TG_FN void tg_reduce(int mode, const real *x, real *out, int nd0, const long *sh
     }
 }
 
+/* Walks the outer axes of shape[nd] (all but the last) in row-major order: o is the source (or
+ * destination) offset of each row's first element under the element strides st[nd]; returns 0 after
+ * the last row. The rows themselves are the callers' plain loops, which the compiler widens. */
+TG_FN int tg_next_row(long *idx, long *o, int nd, const long *shape, const long *st)
+{
+    for (int k = nd - 2; k >= 0; k--) {
+        *o += st[k];
+        if (++idx[k] < shape[k])
+            return 1;
+        *o -= st[k] * shape[k];
+        idx[k] = 0;
+    }
+    return 0;
+}
+
 /* dst (C-contiguous, shape[nd]) = src read with element strides sst[nd] (0 = broadcast). */
 TG_FN void tg_gather(real *dst, const real *src, int nd, const long *shape, const long *sst)
 {
-    long idx[TG_MAXD] = {0}, n = 1;
+    long idx[TG_MAXD] = {0}, o = 0, n = 1;
     for (int k = 0; k < nd; k++)
         n *= shape[k];
-    long o = 0;
-    for (long i = 0; i < n; i++) {
-        dst[i] = src[o];
-        for (int k = nd - 1; k >= 0; k--) {
-            o += sst[k];
-            if (++idx[k] < shape[k])
-                break;
-            o -= sst[k] * shape[k];
-            idx[k] = 0;
-        }
-    }
+    if (n == 0)
+        return;
+    const long w = nd ? shape[nd - 1] : 1, s = nd ? sst[nd - 1] : 0;
+    do {
+        for (long j = 0; j < w; j++)
+            dst[j] = src[o + j * s];
+        dst += w;
+    } while (tg_next_row(idx, &o, nd, shape, sst));
 }
 
-/* dst read with element strides dstr[nd] ← (first ? src : dst + src), src C-contiguous of shape[nd]. */
+/* dst read with element strides dstr[nd] ← (first ? src : dst + src), src C-contiguous of shape[nd];
+ * element by element in src's order (a stride of 0 adds into one element, in that order). */
 TG_FN void tg_scatter(real *dst, const long *dstr, const real *src, int nd, const long *shape, int first)
 {
-    long idx[TG_MAXD] = {0}, n = 1;
+    long idx[TG_MAXD] = {0}, o = 0, n = 1;
     for (int k = 0; k < nd; k++)
         n *= shape[k];
-    long o = 0;
-    for (long i = 0; i < n; i++) {
-        const real s = src[i], d = dst[o];
-        dst[o] = first ? s : d + s;
-        for (int k = nd - 1; k >= 0; k--) {
-            o += dstr[k];
-            if (++idx[k] < shape[k])
-                break;
-            o -= dstr[k] * shape[k];
-            idx[k] = 0;
+    if (n == 0)
+        return;
+    const long w = nd ? shape[nd - 1] : 1, s = nd ? dstr[nd - 1] : 0;
+    do {
+        for (long j = 0; j < w; j++) {
+            const real v = src[j], d = dst[o + j * s];
+            dst[o + j * s] = first ? v : d + v;
         }
-    }
+        src += w;
+    } while (tg_next_row(idx, &o, nd, shape, dstr));
 }
 
 /* gradient accumulation: the first contribution is copied, later ones added (Tape._accumulate). */

@@ -1,4 +1,4 @@
-"""The README fits on a screen, its three examples run and show what they say, and it points into the docs."""
+"""The README fits on a screen, its four examples run and show what they say, and it points into the docs."""
 import re
 
 import numpy as np
@@ -19,7 +19,7 @@ def test_it_says_what_why_install_the_two_commands_and_where_bugs_go():
         assert heading + "\n" in README, heading
     assert "make demo" in README and "make test" in README
     assert "`python -m tapegrad info`" in section("README.md", "## Reporting a bug")
-    assert len(python_blocks(README)) == 3
+    assert len(python_blocks(README)) == 4
 
 
 def test_it_links_every_docs_page_that_exists():
@@ -55,6 +55,29 @@ def test_the_jit_example_trains_inside_jax_jit():
     assert list(params) == ["W", "b"] and int(opt_state.count) == 10 and set(opt_state.mu) == {"W", "b"}
     assert 0 < float(scope["loss_value"]) < np.log(3)            # from log 3 at W = 0.1, b = 0: it trained
     assert not np.array_equal(np.asarray(params["W"]), np.full((8, 3), 0.1))
+
+
+def test_the_flax_example_trains_with_train_step_then_continues_with_optax():
+    pytest.importorskip("flax")
+    scope = {}
+    exec(compile(block("README.md", "## Inside `jax.jit`", 1), "README.md", "exec"), scope)
+    assert scope["step"].native_update
+    x, y, loss = scope["x"], scope["y"], scope["loss"]
+    first = float(loss(scope["model"].init(scope["jax"].random.key(0), x)["params"], x, y))
+    assert float(loss(scope["params"], x, y)) < first
+    assert int(scope["opt_state"][0].count) == 11    # ten native steps and one of optax's
+
+
+def test_the_train_step_speed_ups_are_the_benchmarks_page_s():
+    """The README's train_step table: per call, in lax.scan and step.scan columns of docs/benchmarks.md's
+    table, row for row, copied, not measured again."""
+    ours = [re.findall(r"([\d.]+)×", r) for r in section("README.md", "## Inside `jax.jit`").splitlines()
+            if r.startswith("| ") and "×" in r]
+    page = [r.split(" | ") for r in section("benchmarks.md", "## Your JAX model (`experiments/bench_capture_jax.py`)")
+            .splitlines() if r.startswith("| flax ")]
+    assert len(ours) == len(page) == 4
+    for mine, row in zip(ours, page):
+        assert mine == [row[3].rstrip("×"), row[7].rstrip("×"), row[10].rstrip("×")], (mine, row)
 
 
 def test_the_benchmark_rows_are_the_peers_experiments():

@@ -368,6 +368,11 @@ class Captured:
             out.append(x)
         return out
 
+    def params(self, *args):
+        """The differentiated leaves of ``args`` (checked against the capture), in the program's order."""
+        leaves = self._leaves("capture_jax", args)
+        return [leaves[i] for i in self.diff]
+
     def operands(self, *args):
         """``(params, inputs, data, aux)`` for a call at ``args`` (traceable: runs inside ``jax.jit``)."""
         leaves = self._leaves("capture_jax", args)
@@ -627,7 +632,7 @@ def _native_step(fn, params, example_batch, optimizer, backend, spec):
         else:   # one block per step: the schedule at each step's count, each batch's inputs and data
             lr = None if sched is None else -jnp.asarray(jax.vmap(spec.schedule)(
                 sched.count + jnp.arange(steps, dtype=sched.count.dtype)), dt)
-            ops = cap.operands(p, *jax.tree.map(lambda b: b[0], batch))[0]
+            ops = cap.params(p, *jax.tree.map(lambda b: b[0], batch))
             inputs, data = jax.vmap(lambda *b: cap.operands(p, *b)[1:3])(*batch)
         loss, new_p, new_m, _ = episode(ops, [jnp.asarray(m, dt) for m in moments], count, inputs, data, lr,
                                         steps=steps)

@@ -88,10 +88,10 @@ _NAME = {"out": 0, "a": 1, "b": 2, "c": 3}
 
 
 def _backward_reads(prog):
-    """The nodes whose values some backward kernel reads: the names an elementwise rule uses, every
-    operand (and the output) of any other node."""
+    """(the nodes whose values some backward kernel reads, the entries whose rules read their own g):
+    an elementwise rule reads the names it uses, any other node every operand and its output."""
     nodes, third = prog.nodes, prog.third
-    read = set()
+    read, reads_g = set(), set()
     for k, ta, _, tb, _ in prog.sched:
         op, a, b, _ = nodes[k]
         who = (k, a, b, third[k])
@@ -100,11 +100,14 @@ def _backward_reads(prog):
             continue
         for to, field in ((ta, "c_da"), (tb, "c_db")):
             if to and getattr(op, field) is not None:
-                read.update(who[_NAME[n]] for n in names(expr_of(op, field)) if n in _NAME)
-    return read
+                used = names(expr_of(op, field))
+                read.update(who[_NAME[n]] for n in used if n in _NAME)
+                if "g" in used:
+                    reads_g.add(k)
+    return read, reads_g
 
 
-def registers(prog, fwd, bwd, views=()):
+def registers(prog, fwd, bwd, views=None):
     """The values ("v", k) and gradients ("g", j) a fused loop keeps in a local instead of its buffer.
 
     A value qualifies when its node is exact-tier and every reader is in its own loop (not another
@@ -114,10 +117,11 @@ def registers(prog, fwd, bwd, views=()):
     buffer from NumPy's rules, reproduces the local's bits and still checks every stored consumer at
     ``==``. Not a reshape view's buffer, nor one a view shares."""
     nodes, shapes, third = prog.nodes, prog.shapes, prog.third
-    shared = {(kind, j) for (kind, j) in views} | {(kind, r) for (kind, _), r in dict(views).items()}
+    views = views or {}
+    shared = set(views) | {(kind, r) for (kind, _), r in views.items()}
     out = set()
     in_seg = {k: i for i, seg in enumerate(fwd) if len(seg) > 1 for k in seg}
-    backward = _backward_reads(prog)
+    backward, reads_g = _backward_reads(prog)
     outside, inside = set(), set()
     for m in prog.compute:
         for j in (nodes[m][1], nodes[m][2], third[m]):
@@ -129,20 +133,18 @@ def registers(prog, fwd, bwd, views=()):
                 and k != prog.loss_id and ("v", k) not in shared):
             out.add(("v", k))
     seg_of = {e[0]: i for i, seg in enumerate(bwd) if len(seg) > 1 for e in seg}
-    writers = {}   # j -> [(segment of the contributing entry, its op)]
+    writers = {}        # j -> [(segment of the contributing entry, its op)]
+    reduced = set()     # entries whose g a reduction after their loop reads (a bias receiving g itself)
     for k, ta, _, tb, _ in prog.sched:
         op, a, b, _ = nodes[k]
         for to, j, field in ((ta, a, "c_da"), (tb, b, "c_db")):
             if to:
-                direct = expr_of(op, field) == ("var", "g") and shapes[j] != shapes[k]
                 writers.setdefault(j, []).append((seg_of.get(k, -1), op))
-                if direct and k in seg_of:   # g_k itself is reduced after the loop: its buffer is read
-                    writers.setdefault(("after", k), [])
-    reads_g = {k for k, ta, _, tb, _ in prog.sched for to, field in ((ta, "c_da"), (tb, "c_db"))
-               if to and getattr(nodes[k][0], field) is not None and "g" in names(expr_of(nodes[k][0], field))}
+                if k in seg_of and expr_of(op, field) == ("var", "g") and shapes[j] != shapes[k]:
+                    reduced.add(k)
     for j, i in seg_of.items():
         w = writers.get(j, [])
-        if (nodes[j][0].arity and j in reads_g and ("after", j) not in writers and ("g", j) not in shared and w
+        if (nodes[j][0].arity and j in reads_g and j not in reduced and ("g", j) not in shared and w
                 and all(s == i and op.tier in _EXACT and op.keep is None for s, op in w)):
             out.add(("g", j))
     return out

@@ -88,6 +88,7 @@ def test_a_miscompiled_register_is_caught_at_its_first_stored_consumer(monkeypat
         tg.capture(tape, loss, backend="native")
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("fuse", [True, "libm"])
 def test_libm_tier_values_and_gradients_stay_in_buffers(fuse):
     """A libm-tier result (tanh of data that needs no gradient; erf's gradient, which calls exp) is a

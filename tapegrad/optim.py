@@ -6,9 +6,11 @@ An optimizer is a small transform with explicit state (``count``, ``mu``, ``nu``
 1. ``g = grad + l2 · w`` for every parameter backward touched since the last reset (untouched
    parameters are skipped entirely, PyTorch's rule, and keep their moments);
 2. with ``clip=maxn``: one global L2 norm over those ``g`` in registration order, then a rescale in
-   the rounding of ``clip_mode`` — "optax": ``(g / norm) · maxn`` when ``norm >= maxn``; "seed":
-   ``g · (maxn / norm)`` when ``norm > maxn``; "torch": ``g · (maxn / (norm + 1e-6))`` when that
-   factor is below 1;
+   the rounding of ``clip_mode`` — "optax": ``(g / norm) · maxn`` unless ``norm < maxn`` (as optax's
+   ``clip_by_global_norm``: a NaN norm makes every ``g`` NaN, an infinite one makes finite elements 0 and
+   infinite ones NaN); "seed": ``g · (maxn / norm)`` when ``norm > maxn`` (a NaN norm clips nothing);
+   "torch": ``g · (maxn / (norm + 1e-6))`` unless that factor is 1 or more (as PyTorch's
+   ``clip_grad_norm_``, whose clamped factor keeps a NaN);
 3. the update (SGD's momentum trace and AdamW's decoupled decay in optax's order). The arithmetic of
    one parameter lives in ``sgd_update`` / ``adam_update`` and the per-step host scalars in
    ``step_scalars(count)``, so a captured program replays the very same expressions and can never
@@ -60,11 +62,13 @@ def clip_scale(g, norm, maxn, mode, out):
 
 
 def clips(norm, maxn, mode):
+    """Whether ``clip_scale`` runs: written as each source writes it, so that a NaN norm goes where it goes
+    there (optax selects ``g`` only when ``norm < maxn``; PyTorch multiplies by a factor clamped to 1)."""
     if mode == "optax":
-        return norm >= maxn
+        return not norm < maxn
     if mode == "seed":
         return norm > maxn
-    return maxn / (norm + 1e-6) < 1.0
+    return not maxn / (norm + 1e-6) >= 1.0
 
 
 def sgd_update(w, g, lr, t, trace=None, momentum=0.0, nesterov=False, u=None):

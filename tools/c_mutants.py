@@ -93,7 +93,7 @@ MUTATIONS = [
      "        real *w = TG_B(p[0])", NATIVE, "equivalent: preparing gt for an untouched parameter is harmless, the norm and update loops skip it"),
     (RT, "                real t = l * w[i];\n                gt[i] = g[i] + t;",
      "                real t = l * w[i];\n                gt[i] = g[i] - t;", NATIVE, "L2 term subtracted"),
-    (RT, "cmode == 0 ? norm >= maxn", "cmode == 0 ? norm > maxn", NATIVE, "optax clipping misses the exact limit"),
+    (RT, "cmode == 0 ? !(norm < maxn)", "cmode == 0 ? !(norm <= maxn)", NATIVE, "optax clipping misses the exact limit"),
     (RT, "cmode == 1 ? norm > maxn", "cmode == 1 ? norm >= maxn", NATIVE,
      "equivalent: seed clipping at norm == maxn rescales by maxn/norm == 1.0 exactly"),
     (RT, "                        real t = gt[i] / rn;\n                        gt[i] = t * rm;",
@@ -206,6 +206,8 @@ MUTATIONS = [
      "replay: an op's kept buffers are not passed to its rule"),
     (CT, "            c = Py_NewRef(PyTuple_GET_ITEM(buf, 2));", "            c = Py_NewRef(PyTuple_GET_ITEM(buf, 0));", TAPE,
      "replay: a summed contribution is taken in its reduced shape's view instead of the buffer"),
+    (RT, "cmode == 0 ? !(norm < maxn)", "cmode == 0 ? norm >= maxn", ["tests/test_reliability_clip.py"],
+     "optax clipping leaves g alone at a NaN norm (optax makes every update NaN)"),
 ]
 
 

@@ -414,7 +414,7 @@ class CudaProgram:
             sums += ["        " + ln for ln in self._gradient(o, j, i)]
             sums += [f"        acc = {self.add('acc', self.mul('gi', 'gi'))};", "    }", f"    {q}[y] = acc;", "}"]
         maxn = float(o.clip)
-        decide = {"optax": "norm >= maxn", "seed": "norm > maxn", "torch": "maxn / (norm + 1e-6) < 1.0"}[o.clip_mode]
+        decide = {"optax": "!(norm < maxn)", "seed": "norm > maxn", "torch": "!(maxn / (norm + 1e-6) >= 1.0)"}[o.clip_mode]
         scale = {"optax": "norm", "seed": "maxn / norm", "torch": "maxn / (norm + 1e-6)"}[o.clip_mode]
         norm = ["double total = 0.0;", f"for (int y = 0; y < {len(todo)}; y++)",
                 f"    total = __dadd_rn(total, (double){q}[y]);",

@@ -825,7 +825,8 @@ TG_FN void tg_opt_step(void **T)
         }
         double norm = sqrt(total);
         sc[4] = norm;
-        int clip = !any ? 0 : cmode == 0 ? norm >= maxn : cmode == 1 ? norm > maxn : maxn / (norm + 1e-6) < 1.0;
+        /* optim.clips, comparison for comparison: a NaN norm clips in optax's and torch's modes (every g NaN) */
+        int clip = !any ? 0 : cmode == 0 ? !(norm < maxn) : cmode == 1 ? norm > maxn : !(maxn / (norm + 1e-6) >= 1.0);
         if (clip) {
             sc[5] = 1.0;
             real rn = (real)norm, rm = (real)maxn;

@@ -29,6 +29,8 @@ from .functional import cummax, cumprod, cumsum, logsumexp, prod, sort, std, var
 # selection and indexing
 from .functional import (dynamic_slice, dynamic_update_slice, flip, index_add, index_set, split, stack,
                          take, take_along_axis, where)
+# float masks and gradient routing
+from .functional import equal, greater, greater_equal, less, less_equal, not_equal, with_grad
 # convolution and pooling
 from .functional import avg_pool, conv, max_pool, sum_pool
 # linear algebra
@@ -55,6 +57,7 @@ __all__ = [
     "cummax", "cumprod", "cumsum", "logsumexp", "prod", "sort", "std", "var",
     "dynamic_slice", "dynamic_update_slice", "flip", "index_add", "index_set", "split", "stack", "take",
     "take_along_axis", "where",
+    "equal", "greater", "greater_equal", "less", "less_equal", "not_equal", "with_grad",
     "avg_pool", "conv", "max_pool", "sum_pool",
     "cholesky", "logdet", "slogdet", "solve", "triangular_solve",
 ]

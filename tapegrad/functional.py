@@ -13,6 +13,7 @@ from numpy.typing import ArrayLike
 
 from . import ops as O
 from .ops import index as OX
+from .ops import route as OR
 from .ops import Bad, check_axes
 from .tape import Operand, Tape, Var
 from .errors import ArgumentError, DTypeError, ShapeError, TapeError, at
@@ -624,8 +625,11 @@ for _f in (cumsum, cumprod, cummax, sort, min, prod, logsumexp, var, std):
 
 # ── selection and indexing (ops.index) ─────────────────────────────────────────────
 
-def where(mask: Data, a: Operand, b: Operand) -> Var:
+def where(mask: Union[Data, Var], a: Operand, b: Operand) -> Var:
     """``a`` where the bool ``mask`` holds, else ``b``, broadcasting all three (``jnp.where``).
+
+    ``mask`` is a bool array or data Var, or a float Var computed on the tape (``tg.greater(x, 0)``):
+    nonzero elements select ``a``. A captured program then computes the mask itself on every call.
 
     The branch not taken receives exact zeros in backward, so its values (a ``-inf`` mask fill) never
     leak into the result or the gradient — a masked softmax:
@@ -644,8 +648,59 @@ def where(mask: Data, a: Operand, b: Operand) -> Var:
     """
     tape = _tape(a, b, mask)
     with tape._lifted():
+        if isinstance(mask, Var) and _float_var(mask):
+            return tape.apply(OR.select, _var(a, tape), _var(b, tape), None, mask)
         m = _data(mask, tape, "b", "where", "mask")
         return tape.apply(OX.where, _var(a, tape), _var(b, tape), None, m)
+
+
+def _float_var(v: Var) -> bool:
+    """Whether ``v`` is a float Var of its tape (not a data leaf; a stale Var is left to the op to refuse)."""
+    nodes = v.tape._nodes
+    return 0 <= v.id < len(nodes) and nodes[v.id][0] is not O.data
+
+
+# ── routing: float masks and with_grad (ops.route) ───────────────────────────────
+
+def _comparison(op, flip=False) -> Callable[[Operand, Operand], Var]:
+    def f(a: Operand, b: Operand) -> Var:
+        tape = _tape(a, b)
+        with tape._lifted():
+            x, y = _var(a, tape, op.name, "a"), _var(b, tape, op.name, "b")
+            return tape.apply(op, y, x) if flip else tape.apply(op, x, y)
+    return f
+
+
+greater = _comparison(OR.greater)
+greater_equal = _comparison(OR.greater_equal)
+less = _comparison(OR.greater, flip=True)
+less_equal = _comparison(OR.greater_equal, flip=True)
+equal = _comparison(OR.equal)
+not_equal = _comparison(OR.not_equal)
+for _f, _what in ((greater, "a > b"), (greater_equal, "a ≥ b"), (less, "a < b"), (less_equal, "a ≤ b"),
+                  (equal, "a == b"), (not_equal, "a ≠ b")):
+    _f.__doc__ = (f"1.0 where {_what}, else 0.0, broadcasting: a float mask on the tape for ``where`` (no "
+                  f"gradient flows through it).")
+for _f, _name in ((greater, "greater"), (greater_equal, "greater_equal"), (less, "less"),
+                  (less_equal, "less_equal"), (equal, "equal"), (not_equal, "not_equal")):
+    _f.__name__ = _f.__qualname__ = _name
+
+
+def with_grad(value: Operand, path: Var) -> Var:
+    """``value``'s value with ``path``'s gradient: the backward passes the incoming gradient to ``path``
+    unchanged and nothing to ``value``. A straight-through estimator, or a custom derivative rule
+    recorded as a value and a linear path:
+
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([0.4, 1.6]))
+    >>> y = tg.with_grad(tape.const(np.round(x.value)), x)     # round forward, identity backward
+    >>> y.value.tolist(), (tape.backward((y * 3.0).sum()), tape.grad(x).tolist())
+    ([0.0, 2.0], (True, [3.0, 3.0]))
+    """
+    tape = _tape(path, value)
+    with tape._lifted():
+        return tape.apply(OR.with_grad, _var(value, tape, "with_grad", "value"), _var(path, tape, "with_grad", "path"))
 
 
 def take(a: Var, indices: Data, axis: int = 0) -> Var:

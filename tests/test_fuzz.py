@@ -62,7 +62,7 @@ NOVERIFY = {"verify": False} if "verify" in inspect.signature(tg.capture).parame
 
 # Samplers whose inputs may be any real value, so a generator may feed them an earlier node's value
 # instead of a fresh leaf (the others — positive, near0, spd, ... — describe a domain the op needs).
-ANY_REAL = {O.real, O.spread, O.between, O.away0, O.special.wide}
+ANY_REAL = {O.real, O.spread, O.between, O.away0, O.special.wide, O.route.few}
 # Ops that read a −inf entry of a row that also holds a finite one as a finite result and gradient (an
 # attention mask): the generator sometimes feeds them where(mask, x, −inf).
 MINUS_INF = ("softmax", "logsoftmax", "logsumexp", "max")
@@ -269,6 +269,28 @@ def gen_where(g, op):
     g.apply(op, a, b, None, g.data(m, "mask"))
 
 
+def gen_select(g, op):
+    """select by a float mask the graph computes (a comparison of a value there) or draws (0/1 leaves)."""
+    k = g.int(0, 1)
+    first = g.input(op, k)
+    out = g.grow(first.shape, lead=0.5)
+    other = g.input(op, 1 - k, shape=g.part(out))
+    a, b = (first, other) if k == 0 else (other, first)
+    mshape = g.part(out, drop=0.6)
+    if g.coin(0.7):
+        x = g.input(O.route.greater, 0, shape=mshape)
+        m = g.apply(g.pick((O.route.greater, O.route.greater_equal, O.route.not_equal)), x,
+                    g.leaf(O.route.few, (), param=False))
+    else:
+        m = g.input(op, 2, shape=mshape)
+    g.apply(op, a, b, None, m)
+
+
+def gen_with_grad(g, op):
+    a = g.input(op, 0)
+    g.apply(op, a, g.input(op, 1, shape=a.shape))
+
+
 def gen_reduce(g, op):
     x = g.input(op, 0)
     nd = len(x.shape)
@@ -460,6 +482,7 @@ GENERATORS = {
     O.index.scatter_shape: gen_scatter, O.index.dslice_shape: gen_dslice, O.index.dus_shape: gen_dus,
     O.conv.conv_shape: gen_conv, O.conv.pool_shape: gen_pool, O.linalg.cholesky_shape: gen_matrix,
     O.linalg.logdet_shape: gen_matrix, O.linalg.trisolve_shape: gen_trisolve, O.linalg.solve_shape: gen_solve,
+    O.route.select_shape: gen_select, O.route.with_grad_shape: gen_with_grad,
 }
 GENERATED = [op for op in O.OPS.values() if op.arity and op.shape in GENERATORS and op.name not in NOT_GENERATED]
 FAMILIES = {rule: [op for op in GENERATED if op.shape is rule] for rule in GENERATORS}

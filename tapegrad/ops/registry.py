@@ -29,6 +29,9 @@ An entry holds
           would go (an op has one or the other); the tape keeps them beside the value until
           ``reset_to``, a replay beside its value buffer (memory for time: softmax_xent holds a
           second logits-sized buffer for the episode),
+  derivative
+          False for an op whose backward is deliberately not the derivative of its forward
+          (``with_grad``: one input's value, the other's gradient); finite differences skip it,
   domain  one sampler per input for tests (e.g. positive inputs for ``log``),
   cases   ``(a_shape, b_shape, s)`` examples the tests sweep, broadcasting included.
 
@@ -82,6 +85,7 @@ class Op:
     check: Optional[Callable] = None
     ulps: Optional[tuple] = None
     keep: Optional[Callable] = None
+    derivative: bool = True
 
     def __post_init__(self):
         kinds = self.inputs or "f" * self.arity

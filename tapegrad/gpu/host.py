@@ -25,7 +25,7 @@ import tempfile
 import numpy as np
 
 from ..errors import BuildError
-from ..native.build import cache_dir
+from ..native import build, elf
 from .runner import CTL, LaunchRunner
 
 PRELUDE = r"""/* tapegrad.gpu.host: CUDA source compiled as host C++ (a grid emulation) */
@@ -76,23 +76,44 @@ def host_source(cp):
 
 
 def compile_host(src):
-    """Build ``src`` (host C++) into a shared library in the tapegrad cache; returns the loaded library."""
+    """Build ``src`` (host C++) into a shared library in the tapegrad cache; returns the loaded library.
+
+    As ``tapegrad.native.build`` serves its libraries: the source carries an identity, and a cached file is
+    loaded only after its bytes show it is a whole library of this user's exporting that identity
+    (anything else is rebuilt); the compiler is bounded by ``$TAPEGRAD_CC_TIMEOUT``."""
     cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise BuildError("gpu host emulation: no C++ compiler (g++ or c++) on PATH")
     key = hashlib.sha256((cxx + "\n" + " ".join(FLAGS) + "\n" + src).encode()).hexdigest()[:24]
-    lib = os.path.join(cache_dir(), f"tgcuda_host_{key}.so")
-    if not os.path.exists(lib):
-        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+    d = build.cache_dir()
+    lib = os.path.join(d, f"tgcuda_host_{key}.so")
+    want = f"tapegrad {os.path.basename(lib)[:-3]}; host emulation of CUDA source"
+    if not _served(lib, want):
+        with tempfile.TemporaryDirectory(dir=d) as tmp:
             path = os.path.join(tmp, "prog.cu")
             with open(path, "w") as f:
-                f.write(src)
+                f.write(src + build.stamp(want))
             out = os.path.join(tmp, "prog.so")
-            r = subprocess.run([cxx, *FLAGS, path, "-o", out, "-lm"], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise BuildError(f"gpu host emulation: {cxx} failed:\n{r.stderr[-4000:]}")
+            timeout = build._env_number(build.TIMEOUT_ENV, 300.0)
+            try:
+                code, _, err = build.run_compiler([cxx, *FLAGS, path, "-o", out, "-lm"], timeout)
+            except OSError as e:
+                raise BuildError(f"gpu host emulation: {cxx} cannot run: {e}") from None
+            except subprocess.TimeoutExpired:
+                raise BuildError(f"gpu host emulation: {cxx} did not finish within {timeout:g} s "
+                                 f"(${build.TIMEOUT_ENV}); it was killed with its children") from None
+            if code != 0:
+                raise BuildError(f"gpu host emulation: {cxx} failed:\n{err[-4000:]}")
+            os.chmod(out, 0o700)
             os.replace(out, lib)
-    return ctypes.CDLL(lib)
+    return build.load(lib)
+
+
+def _served(lib, want):
+    try:
+        return build._image_identity(build.read_library(lib)) == want
+    except (OSError, build.Untrusted, elf.NotLibrary):
+        return False
 
 
 class HostRunner(LaunchRunner):

@@ -140,7 +140,7 @@ class NativeRunner:
         self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2],
                                       small_mm=small_gemm_limit(p.dtype), views=self.views,
                                       registers=self.registers).emit()
-        self.path = build.build(self.source)
+        self.path = build.build(self.source, what=f"a program of {len(p.nodes):,} nodes")
         self.lib = build.load(self.path)
         self.sc = np.zeros(8, np.float64)
         self.cfg = np.zeros(16 + 2 * max(len(p.params), 1), np.float64)

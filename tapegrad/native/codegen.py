@@ -77,6 +77,21 @@ def prologue(dtype, blas_bits=32, small_mm=0):
 _arr = kernels.c_array
 
 
+
+_LOCAL = re.compile(r"^const [a-z ]+ (\w+) = ")
+
+
+def _live(stmts):
+    """A fused loop's statements without the locals nothing reads: a value kept in a register whose only
+    reader does not use it going forward (``with_grad``'s gradient path) is not computed at all."""
+    while True:
+        text = "\n".join(stmts)
+        dead = {m.group(1) for st in stmts if (m := _LOCAL.match(st))
+                and len(re.findall(rf"\b{m.group(1)}\b", text)) == 1}
+        if not dead:
+            return stmts
+        stmts = [st for st in stmts if not ((m := _LOCAL.match(st)) and m.group(1) in dead)]
+
 class Emitter:
     """Prints one program. ``buf`` maps ("v", k) / ("g", k) / ("S", j) to buffer-table indices."""
 
@@ -167,6 +182,7 @@ class Emitter:
         inrun = set()
         stmts = []
         fused = len(seg) > 1
+        nest = self.nest(os_, [j for k in seg for j in (p.nodes[k][1], p.nodes[k][2], p.third[k]) if j >= 0])
         for k in seg:
             op, a, b, s = p.nodes[k]
             c = p.third[k]
@@ -181,7 +197,7 @@ class Emitter:
                 inrun.add(k)
             else:
                 stmts.append(f"v{k}[i] = {e};")
-        return self.kernel(f"tg_f{seg[0]}", os_, stmts)
+        return self.kernel(f"tg_f{seg[0]}", nest, _live(stmts))
 
     def loads(self, e, env, stmts):
         """Read the operands that ``e`` reads inside a branch of a ``?:`` into locals, appending their
@@ -206,13 +222,32 @@ class Emitter:
             out[name] = local
         return out
 
+    def nest(self, os_, inputs):
+        """The loops of an elementwise kernel over ``os_`` reading ``inputs``: out's axes without those
+        of length 1, adjacent axes merged wherever every broadcast input steps through them as through
+        one axis (as NumPy's iterator coalesces them: a softmax's (8, 4, 32, 32) minus its (8, 4, 32, 1)
+        maxima is 1024 rows of 32, not four loops around 32 elements). Remembers each broadcast input's
+        strides over the merged axes for ``operand``; returns the merged shape."""
+        sts = {self.p.shapes[x]: kernels.bstrides(self.p.shapes[x], os_) for x in inputs
+               if self.p.shapes[x] != os_ and math.prod(self.p.shapes[x]) != 1}
+        groups = []
+        for d, m in enumerate(os_):
+            if m == 1:
+                continue
+            if groups and all(st[groups[-1][-1]] == st[d] * m for st in sts.values()):
+                groups[-1].append(d)
+            else:
+                groups.append([d])
+        self._strides = {xs: tuple(st[g[-1]] for g in groups) for xs, st in sts.items()}
+        return tuple(math.prod(os_[d] for d in g) for g in groups)
+
     def operand(self, x, os_, inrun):
         xs = self.p.shapes[x]
         if xs == os_:
             return f"t{x}" if x in inrun else f"v{x}[i]"
         if math.prod(xs) == 1:
             return f"v{x}[0]"
-        st = kernels.bstrides(xs, os_)
+        st = self._strides[xs]   # over the merged axes of the kernel's nest
         return f"v{x}[" + " + ".join(f"i{d} * {m}" for d, m in enumerate(st) if m) + "]"
 
     def kernel(self, name, os_, stmts):
@@ -328,6 +363,7 @@ class Emitter:
         k0 = seg[0][0]
         os_ = p.shapes[k0]
         stmts, after = [], []
+        nest = self.nest(os_, [j for e in seg for j in (p.nodes[e[0]][1], p.nodes[e[0]][2], p.third[e[0]]) if j >= 0])
         for k, ta, fa, tb, fb in seg:
             op, a, b, s = p.nodes[k]
             c = p.third[k]
@@ -351,7 +387,7 @@ class Emitter:
                 else:   # a broadcast input: the out-shaped contribution, then NumPy's reduction
                     stmts.append(f"S{scr}[i] = {e};")
                     after += self.unbroadcast(f"S{scr}", os_, j, first)
-        return (self.kernel(f"tg_b{k0}", os_, stmts) if stmts else []) + after
+        return (self.kernel(f"tg_b{k0}", nest, stmts) if stmts else []) + after
 
     def unbroadcast(self, c, cshape, j, first):
         shape = self.p.shapes[j]

@@ -24,28 +24,27 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+import contextlib
+
 import tapegrad as tg
-from tapegrad.errors import TapeError
 
 from ._jax import jax, jnp
+from . import expand
+from .expand import CaptureError
 from .oracle import TracingError
-from .oracle_replay import Literal, Plan, Replay, is_float, is_key
-from .oracle_rules import CONTROL_RULES, RULES, UnsupportedPrimitiveError, _flat, _out_shape, _reshape
+from .oracle_replay import EXPAND, Literal, Plan, Replay, is_float, is_key
+from .oracle_rules import CONTROL_RULES, RULES, UnsupportedPrimitiveError, _flat, _max, _min, _out_shape, _reshape
 from . import optax_native
 from .program import program_call, program_episode
 
 # rules that read JAX's values of their operands or results as numbers, so a program would keep the
 # values of the capture's example: not capturable (the oracle, which checks one point, uses them)
-_FREEZING = frozenset({"cbrt", "rem", "pow", "clamp", "top_k", "sort", "argsort", "lu", "custom_linear_solve",
+_FREEZING = frozenset({"cbrt", "rem", "pow", "top_k", "sort", "argsort", "lu", "custom_linear_solve",
                        "scatter-mul", "scatter_mul", "scatter-min", "scatter-max", "scatter_min", "scatter_max",
                        # the oracle's rules that take JAX's value (derivative written here): frozen at the example
                        "erf_inv", "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac", "eigh", "qr", "svd"})
 # the rules below take integer or boolean operands, and feed them per call
 _TAKES_DATA = frozenset({"select_n", "gather", "scatter-add", "scatter_add", "scatter"})
-
-
-class CaptureError(TapeError, ValueError):
-    """A JAX function (or one of its equations) that cannot become a tapegrad program; the message says why."""
 
 
 def _depends(plan, seeds):
@@ -114,6 +113,9 @@ class _Capture(Replay):
     def operand(self, plan, s, var, jenv):
         if isinstance(s, Literal) or is_key(var.aval):
             return super().operand(plan, s, var, jenv)
+        m = self._tenv.get(("m", s)) if self._tenv is not None else None
+        if m is not None:
+            return m
         name = self._st[1].eqn.primitive.name
         if plan is not self.plan:
             if s in self.moving():
@@ -129,6 +131,44 @@ class _Capture(Replay):
             return super().operand(plan, s, var, jenv)   # the capture rule feeds it (see _data_feed)
         raise CaptureError(f"capture_jax: {self.step_text()} reads integer or boolean data that changes between "
                            f"calls ({var.aval.str_short()}); the program has no rule to take it as an operand")
+
+    def reads_mask(self, st, tenv):
+        return any(not isinstance(s, Literal) and ("m", s) in tenv for s in st.ins)
+
+    def data_step(self, plan, st, xs, tenv, jenv):
+        """A comparison of values on the tape, or a logical op of such masks, recorded as a float mask
+        (``tg.greater``…): the program computes it itself instead of JAX computing it every call."""
+        eqn = st.eqn
+        name = eqn.primitive.name
+        rule = _MASK_RULES.get(name)
+        if rule is None or len(eqn.outvars) != 1:
+            return
+        masks = [tenv.get(("m", s)) if not isinstance(s, Literal) else None for s in st.ins]
+        if name in _COMPARE:
+            if not all(is_float(v.aval) for v in eqn.invars) or not any(isinstance(x, tg.Var) for x in xs):
+                return
+            args = [x if isinstance(x, tg.Var) else self.operand(plan, s, v, jenv)
+                    for x, s, v in zip(xs, st.ins, eqn.invars)]
+        else:
+            if not any(m is not None for m in masks):
+                return
+            args = [m if m is not None else self._as_float(plan, s, v, jenv)
+                    for m, s, v in zip(masks, st.ins, eqn.invars)]
+        tenv[("m", st.outs[0])] = rule(*(self.var(a) for a in args))
+
+    def _as_float(self, plan, s, var, jenv):
+        """A bool operand that is not a mask on the tape as 0/1 floats: a constant, or fed every call."""
+        if isinstance(s, Literal) or s not in self.moving():
+            return np.asarray(jenv.np(s), self.tape.dtype)
+        if plan is not self.plan:
+            raise CaptureError(f"capture_jax: {self.step_text()} reads a mask computed inside a loop body from "
+                               f"values without a gradient; loop bodies may only compute such values from constants")
+        self.keep_slots.add(s)
+        return self.derive(lambda vals, aux: jnp.asarray(vals[s], self.tape.dtype), np.asarray(jenv.np(s), float))
+
+    def mask(self, s):
+        """The float mask on the tape for bool slot ``s`` of the step being replayed, or None."""
+        return None if isinstance(s, Literal) else self._tenv.get(("m", s))
 
     def feed(self, s, jenv):
         v = self.feeds.get(s)
@@ -165,6 +205,8 @@ def _select_n(r, xs, eqn):
     y = _finite_or_zero(r, xs)
     if y is not None:
         return tg.finite_or_zero(y)
+    if isinstance(pred, tg.Var) and len(cases) == 2:     # a mask the program computes
+        return tg.where(pred, _uniform(r, cases[1]), _uniform(r, cases[0]))
     out = r.var(cases[0])
     for k in range(1, len(cases)):
         mask = _data_feed(r, 0, lambda p, k=k: jnp.broadcast_to(p if p.dtype == bool else p == k, shape), pred)
@@ -186,8 +228,36 @@ def _finite_or_zero(r, xs):
     return xs[2] if np.all(np.asarray(xs[1]) == 0.0) else None
 
 
+def _uniform(r, x):
+    """A select's case: a Var, or a constant — one number when every element is the same (``select``
+    broadcasts it), so a zero branch costs no buffer."""
+    if isinstance(x, tg.Var):
+        return x
+    x = np.asarray(x)
+    return r.var(x.reshape(-1)[:1].reshape(()) if x.size and np.all(x == x.reshape(-1)[0]) else x)
+
+
 def _stop_gradient(r, xs, eqn):
     return tg.stop_gradient(r.var(xs[0]))
+
+
+def _with_grad(r, xs, eqn):
+    value = r.var(xs[0])
+    return tg.with_grad(value, xs[1]) if isinstance(xs[1], tg.Var) else value
+
+
+def _clamp_value(r, xs, eqn):
+    """clamp's value (its gradient is JAX's JVP rule, recorded by the expansion: ``expand.BY_JVP``)."""
+    lo, x, hi = xs
+    return _min(r, [_max(r, [x, lo], eqn), hi], eqn)
+
+
+# masks of float values (recorded when one operand is on the tape) and logical ops of masks
+_COMPARE = {"gt": lambda a, b: tg.greater(a, b), "ge": lambda a, b: tg.greater_equal(a, b),
+            "lt": lambda a, b: tg.greater(b, a), "le": lambda a, b: tg.greater_equal(b, a),
+            "eq": lambda a, b: tg.equal(a, b), "ne": lambda a, b: tg.not_equal(a, b)}
+_MASK_RULES = {**_COMPARE, "and": lambda a, b: a * b, "or": lambda a, b: tg.maximum(a, b),
+               "not": lambda a: 1.0 - a, "xor": lambda a, b: tg.not_equal(a, b)}
 
 
 def _index_map(r):
@@ -241,7 +311,8 @@ def _scatter(fn_name):
     return rule
 
 
-_CAPTURE_RULES = {"select_n": _select_n, "stop_gradient": _stop_gradient, "gather": _gather,
+_CAPTURE_RULES = {"select_n": _select_n, "stop_gradient": _stop_gradient, "tapegrad_with_grad": _with_grad,
+                  "clamp": _clamp_value, "gather": _gather,
                   "scatter-add": _scatter("index_add"), "scatter_add": _scatter("index_add"),
                   "scatter": _scatter("index_set")}
 
@@ -449,17 +520,23 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
     if not hasattr(value_shape, "shape") or value_shape.shape != () or np.dtype(value_shape.dtype).kind != "f":
         raise CaptureError(f"capture_jax: fn must return one float scalar, got {value_shape}"
                            + ("" if has_aux else "; pass has_aux=True if fn returns (value, aux)"))
-    plan = Plan(closed)
     tape = tg.Tape(dtype=dt, sources=False)
     params = {i: tape.param(np.asarray(leaves[i], dt), name=jax.tree_util.keystr(leaves_p[i][0])) for i in diff}
-    tenv = {plan.in_slots[i]: v for i, v in params.items()}
-    r = _Capture(tape, plan)
-    with np.errstate(all="ignore"):
+    with _expanding(), np.errstate(all="ignore"):
+        plan = Plan(closed)
+        tenv = {plan.in_slots[i]: v for i, v in params.items()}
+        r = _Capture(tape, plan)
         jenv = plan.values(leaves)
         outs = r.run(plan, tenv, jenv, top=True)
     if r.unsupported:
         raise UnsupportedPrimitiveError("capture_jax: " + ", ".join(
             f"{n}" + (f" ({why})" if why else "") for n, why in r.unsupported.items()))
+    if r.coarsest is not None and jnp.finfo(r.coarsest[0].dtype).eps > np.finfo(dt).eps:
+        low, eqn_text, index, where = r.coarsest
+        low = low.dtype
+        raise CaptureError(f"capture_jax: equation {index} ({eqn_text}){' in ' + where if where else ''} computes "
+                           f"in {low}, which the program would compute in {dt} (a silent upgrade); cast to "
+                           f"{dt} before it, or train this function with jax.jit")
     loss = outs[0]
     if not isinstance(loss, tg.Var):
         raise CaptureError("capture_jax: fn's value does not depend on the differentiated arguments")
@@ -487,6 +564,17 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
                    jax.tree.structure(out_shape[1]) if has_aux else None, aux_slots, which, nargs)
     cap.tape, cap.param_vars = tape, [params[i] for i in diff]   # what a native optimizer registers
     return cap
+
+
+@contextlib.contextmanager
+def _expanding():
+    """Plans built and replayed inside record derivative rules as JAX follows them (``interop.expand``)."""
+    saved = EXPAND[0]
+    EXPAND[0] = (expand.expands, expand.expansion)
+    try:
+        yield
+    finally:
+        EXPAND[0] = saved
 
 
 def _grads_like(cap, grads):

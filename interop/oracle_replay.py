@@ -135,6 +135,9 @@ def hi_body(prim):
 
 CUSTOM_CALLS = ("custom_vjp_call", "custom_jvp_call")
 TRUST = [frozenset()]   # the custom rules check_grads was asked to trust (set for the length of one check)
+# A capture's (interop.expand): (expands(eqn) -> bool, expansion(eqn) -> ClosedJaxpr), set for the length of
+# one capture, so its plans (loop bodies included) record derivative rules as JAX follows them
+EXPAND = [None]
 
 
 def custom_name(eqn):
@@ -195,7 +198,7 @@ class Plan:
 
     @classmethod
     def of(cls, j):
-        key = (id(j), TRUST[0])
+        key = (id(j), TRUST[0], EXPAND[0] is not None)
         hit = cls._CACHE.get(key)
         if hit is None or hit[0] is not j:
             if len(cls._CACHE) > 512:
@@ -220,7 +223,10 @@ class Plan:
         self.n += 1
         return self.n - 1
 
-    def _flatten(self, jx, consts, ins, units):
+    def _flatten(self, jx, consts, ins, units, tangent=None):
+        """Flatten ``jx`` into steps. Under a capture (``EXPAND``) every custom rule becomes its expansion;
+        inside an expansion (``tangent``: its variables that carry the tangent) a custom call on values
+        that carry none is inlined by its body, which is then only the value."""
         env = {}
         for v, c in zip(jx.constvars, consts):
             s = self._new()
@@ -234,16 +240,27 @@ class Plan:
 
         for eqn in jx.eqns:
             xs = tuple(read(x) for x in eqn.invars)
-            body = None if trusted(eqn) else call_body(eqn)
-            if body is not None:
-                bj, bconsts = body
+            moved = tangent is not None and any(not isinstance(v, Literal) and v in tangent for v in eqn.invars)
+            if EXPAND[0] is not None and (tangent is None or moved) and EXPAND[0][0](eqn):
+                ej, econsts = open_jaxpr(EXPAND[0][1](eqn))
                 start, children = len(self.steps), []
-                outs = self._flatten(bj, bconsts, xs[len(xs) - len(bj.invars):], children)
+                outs = self._flatten(ej, econsts, xs, children, tangent={v for v in ej.invars if is_float(v.aval)})
+                units.append(Unit(start, len(self.steps), eqn, xs, tuple(outs), children))
+            elif (body := None if trusted(eqn) else call_body(eqn)) is not None:
+                bj, bconsts = body
+                inner = xs[len(xs) - len(bj.invars):]
+                btangent = None if tangent is None else {
+                    bv for bv, v in zip(bj.invars, eqn.invars[len(xs) - len(bj.invars):])
+                    if not isinstance(v, Literal) and v in tangent}
+                start, children = len(self.steps), []
+                outs = self._flatten(bj, bconsts, inner, children, btangent)
                 units.append(Unit(start, len(self.steps), eqn, xs, tuple(outs), children))
             else:
                 outs = tuple(self._new() for _ in eqn.outvars)
                 units.append(Unit(len(self.steps), len(self.steps) + 1, eqn, xs, outs, None))
                 self.steps.append(Step(eqn, xs, outs))
+            if moved and eqn.primitive.name != "stop_gradient":
+                tangent.update(eqn.outvars)
             env.update(zip(eqn.outvars, outs))
         return [read(x) for x in jx.outvars]
 
@@ -479,9 +496,11 @@ class Replay:
         self.index = 0              # steps replayed so far (loop iterations count each time)
         self.divergence = None      # (index, eqn, where, max_abs, max_rel) of the first value divergence
         self.lowp = None            # (dtype, eqn summary, index, where) of the first low-precision step
+        self.coarsest = None        # (aval, eqn summary, index, where) of the first step in the coarsest one
         self.kinks = []             # (index, eqn summary, where, what)
         self.where = []             # the loop/branch path being replayed
         self.tainted = set()        # top-level step indices that were replayed
+        self._tenv = None           # the slot -> Var map of the step being replayed
         self._st = None             # (JEnv, step) being replayed (for rules: jout, aux)
         self._k = None
         self.top_k = 0              # the top-level step being replayed (what reports call "equation k")
@@ -541,6 +560,14 @@ class Replay:
     def entered(self, plan, tenv):
         """Called as ``run`` starts on ``plan`` with the Vars ``tenv`` holds."""
 
+    def reads_mask(self, st, tenv):
+        """Whether a step none of whose operands is on the tape reads a mask computed there (a capture's)."""
+        return False
+
+    def data_step(self, plan, st, xs, tenv, jenv):
+        """A step with integer or bool results and an operand on the tape: JAX's values (a capture may record
+        a comparison as a float mask on the tape instead)."""
+
     def operand(self, plan, s, var, jenv):
         """What a rule gets for an operand ``var`` (slot ``s``) that is not on the tape: JAX's value (None
         for a key)."""
@@ -562,12 +589,16 @@ class Replay:
         for k in range(lo, hi):
             st = steps[k]
             xs = [None if isinstance(s, Literal) else tenv.get(s) for s in st.ins]
-            if not any(x is not None for x in xs):
+            if not any(x is not None for x in xs) and not self.reads_mask(st, tenv):
                 continue
             eqn = st.eqn
             name = eqn.primitive.name
-            if self.skips(name, CONSTANT) or all(is_data(v.aval) for v in eqn.outvars):
+            if all(is_data(v.aval) for v in eqn.outvars):
+                self.data_step(plan, st, xs, tenv, jenv)
                 continue
+            if self.skips(name, CONSTANT):
+                continue
+            self._tenv = tenv
             if top:
                 self.tainted.add(k)
                 self.top_k = k
@@ -603,7 +634,10 @@ class Replay:
                 e = max(eps, _eps(v.aval))
                 if e:
                     prec[s] = e
-                    if self.lowp is None and _eps(v.aval):
+                    low = _eps(v.aval)
+                    if low and (self.lowp is None or low > _eps(self.coarsest[0])):
+                        self.coarsest = (v.aval, summary(eqn), index, self.path())
+                    if self.lowp is None and low:
                         self.lowp = (np.dtype(v.aval.dtype), summary(eqn), index, self.path())
                 if self.compare and self.divergence is None:
                     bound = lowp_bound(e, self.rtol) if e else self.rtol

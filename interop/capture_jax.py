@@ -246,6 +246,11 @@ def _with_grad(r, xs, eqn):
     return tg.with_grad(value, xs[1]) if isinstance(xs[1], tg.Var) else value
 
 
+def _tape_op(r, xs, eqn):
+    """A rule that one registry op computes exactly (``expand.KNOWN``: jax.nn.relu, jax.nn.softmax)."""
+    return r.tape.apply(tg.ops.OPS[expand.KNOWN[eqn.params["rule"]][0]], r.var(xs[0]), None, eqn.params["s"])
+
+
 def _clamp_value(r, xs, eqn):
     """clamp's value (its gradient is JAX's JVP rule, recorded by the expansion: ``expand.BY_JVP``)."""
     lo, x, hi = xs
@@ -312,6 +317,7 @@ def _scatter(fn_name):
 
 
 _CAPTURE_RULES = {"select_n": _select_n, "stop_gradient": _stop_gradient, "tapegrad_with_grad": _with_grad,
+                  "tapegrad_op": _tape_op,
                   "clamp": _clamp_value, "gather": _gather,
                   "scatter-add": _scatter("index_add"), "scatter_add": _scatter("index_add"),
                   "scatter": _scatter("index_set")}

@@ -193,3 +193,44 @@ def test_library_functions_at_their_kinks_match_jax_grad(name):
     vg = interop.value_and_grad(loss, x, w, backend="numpy")
     same_as_jax(vg, loss, x, w)
     same_as_jax(vg, loss, -x, w)
+
+
+# ── rules one tapegrad op computes: recorded as that op ─────────────────────
+
+@jax.custom_jvp
+def relu(x):   # the name of jax.nn.relu, another rule: slope 1 at 0
+    return jnp.maximum(x, 0.0)
+
+
+relu.defjvp(lambda primals, tangents: (relu(primals[0]), jnp.where(primals[0] >= 0, tangents[0], 0.0)))
+
+
+def test_jax_nn_relu_is_one_relu_node_and_a_rule_of_the_same_name_is_not():
+    x = jnp.array([[0.0, 1.0, -1.0, 0.0]])
+    theirs = lambda w, x: jnp.sum(jax.nn.relu(x * w) * jnp.arange(1.0, 5.0))   # noqa: E731
+    mine = lambda w, x: jnp.sum(relu(x * w) * jnp.arange(1.0, 5.0))            # noqa: E731
+    w = jnp.ones(4)
+    a = interop.value_and_grad(theirs, w, x, backend="numpy")
+    b = interop.value_and_grad(mine, w, x, backend="numpy")
+    names = lambda vg: [node[0].name for node in vg.captured.program.nodes]   # noqa: E731
+    assert names(a).count("relu") == 1 and "with_grad" not in names(a)
+    assert "relu" not in names(b) and "with_grad" in names(b)
+    same_as_jax(a, theirs, w, x)
+    same_as_jax(b, mine, w, x)
+    assert float(jax.grad(mine)(w, x)[0]) == 0.0 and float(jax.grad(mine)(w + 0.5, x + 0.0)[3]) == 0.0
+
+
+def test_softmax_as_a_custom_jvp_is_one_softmax_node():
+    prior = jax.config.jax_softmax_custom_jvp
+    jax.config.update("jax_softmax_custom_jvp", True)
+    try:
+        loss = lambda w, x: jnp.sum(jax.nn.softmax(x @ w, axis=-1) * jnp.arange(3.0))   # noqa: E731
+        rng = np.random.default_rng(5)
+        w, x = jnp.asarray(rng.standard_normal((4, 3))), jnp.asarray(rng.standard_normal((5, 4)))
+        vg = interop.value_and_grad(loss, w, x, backend="native")
+        assert [n[0].name for n in vg.captured.program.nodes].count("softmax") == 1
+        same_as_jax(vg, loss, w, x)
+        assert rel(jax.vmap(lambda w: vg(w, x)[1])(jnp.stack([w, -w])),
+                   jax.vmap(lambda w: jax.grad(loss)(w, x))(jnp.stack([w, -w]))) <= 1e-12
+    finally:
+        jax.config.update("jax_softmax_custom_jvp", prior)

@@ -469,11 +469,19 @@ pow = op("pow", 1, same,
          c_fwd="pow(a, s)", c_da="g * (s * pow(a, s - 1.0))", tier="libm",
          domain=(positive,), cases=tuple((x, None, p) for (x, _, _), p in zip(UN, (3.0, -1.5, 0.5, 2.5))),
          doc="a ** constant (positive a)")
+def relu_da(g, out, a, b, s, ws):
+    # a select, as jax.nn.relu's rule: exact zeros where a <= 0 (or NaN), whatever g holds there
+    t = ws.take(g.shape)
+    t.fill(0.0)
+    np.copyto(t, g, where=np.greater(a, 0.0, out=ws.take_mask(a.shape)))
+    return t
+
+
 relu = op("relu", 1, same, doc="max(a, 0); gradient 0 at 0 (as JAX)",
           fwd=lambda a, b, s, out, ws: np.maximum(a, 0.0, out=out),
-          da=into(lambda g, out, a, b, s, t: (np.greater(a, 0.0, out=t), np.multiply(g, t, out=t))),
+          da=relu_da,
           ref=lambda jnp, a, b, s: jnp.where(a > 0, a, 0.0),
-          c_fwd="a > 0.0 ? a : (a != a ? a : 0.0)", c_da="g * (a > 0.0 ? 1.0 : 0.0)", domain=(away0,), cases=UN)
+          c_fwd="a > 0.0 ? a : (a != a ? a : 0.0)", c_da="a > 0.0 ? g : 0.0", domain=(away0,), cases=UN)
 stop_gradient = op("stop_gradient", 1, same, inputs="n", doc="a, through which no gradient flows (JAX's stop_gradient)",
                    fwd=lambda a, b, s, out, ws: np.copyto(out, a),
                    # its result has no gradient path, so a backward reaches it only as the loss itself

@@ -1,6 +1,10 @@
-"""Durable files: directory fsync, and cleanup of temporaries whose writing process died."""
+"""Durable files: directory fsync, temporaries' names, and cleanup of those whose writing process died."""
+import hashlib
 import os
 import shutil
+
+# what a temporary's name adds to its stem: ".tmp-", a pid (at most 7 digits on Linux), "-", mkstemp's 8 characters
+_TMP_TAIL = len(".tmp-") + 7 + 1 + 8
 
 
 def fsync_dir(folder):
@@ -15,6 +19,22 @@ def fsync_dir(folder):
         pass
     finally:
         os.close(fd)
+
+
+def temporary_stem(folder, base):
+    """``.<base>``: the stem of the temporaries written beside ``folder/base`` (``<stem>.tmp-<pid>-XXXXXXXX``),
+    one a file name can hold: where ``base`` is too long for that (a legal name of 252 bytes), its head and
+    a hash of all of it, so each target still has its own stem."""
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    stem = "." + base
+    if len(os.fsencode(stem)) + _TMP_TAIL <= limit:
+        return stem
+    digest = "~" + hashlib.sha256(os.fsencode(base)).hexdigest()[:16]
+    keep = os.fsencode(stem)[:max(0, limit - _TMP_TAIL - len(digest))]
+    return keep.decode(errors="ignore") + digest
 
 
 def sweep_temporaries(folder, prefix, marker=None):

@@ -24,13 +24,23 @@ metadata and on the tape, the optimizer's kind and parameters, and last the chec
 writes anything. The writes (parameters and optimizer state) then happen with Ctrl-C held back (on
 the main thread) and are undone if anything interrupts them anyway: restored completely or not at all.
 Files written before the checksums (and version-0.1 npz files) load with every check but the
-checksums. Every unreadable file raises ``CheckpointError``.
+checksums. Every unreadable file raises ``CheckpointError``: JSON nested too deeply for Python, a
+zero-size tensor of a shape NumPy cannot hold (100 dimensions, dimensions past int64) included. The
+header is read one tensor entry at a time into a compact table, and an array is made only for a tensor
+the tape asks for, so a small file of a million empty tensors costs a few times its size in memory.
+
+``save`` names its temporary ``.<name>.tmp-<pid>-XXXXXXXX``; for a name too long for that (a legal name
+of 252 bytes) the temporary keeps the head of the name and a hash of all of it.
 """
+import array
 import errno
 import hashlib
+import itertools
 import json
 import math
 import os
+import re
+import reprlib
 import stat
 import struct
 import tempfile
@@ -39,7 +49,7 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from ._files import fsync_dir, sweep_temporaries
+from ._files import fsync_dir, sweep_temporaries, temporary_stem
 from ._interrupts import sigint_held
 from .errors import CheckpointError, ForeignVarError, TapeError
 
@@ -51,6 +61,10 @@ FORMAT = "tapegrad-checkpoint-2"
 LEGACY = "tapegrad-checkpoint-1"     # the npz format of version 0.1 (loaded, never written)
 _DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4")}
 _CODES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32"}
+_CODE_OF = {np.dtype("<f8"): 0, np.dtype("<f4"): 1}   # an entry's dtype in one byte (_Entries)
+_DT_OF = {0: np.dtype("<f8"), 1: np.dtype("<f4")}
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"[ \t\n\r]*")
 _MAX_HEADER = 100 << 20              # safetensors' own limit on the JSON header
 _MAX_COUNT = 2 ** 53                 # the largest step count every backend holds exactly (a double counts to it)
 _SUMS = "sha256"                     # the __metadata__ entry with the checksums
@@ -132,10 +146,10 @@ def write_atomic(path, blob):
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise CheckpointError(f"save: cannot write {path}: the folder {folder} does not exist; create it first")
-    base = os.path.basename(path)
-    sweep_temporaries(folder, f".{base}.tmp-")
+    stem = temporary_stem(folder, os.path.basename(path))
+    sweep_temporaries(folder, f"{stem}.tmp-")
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{base}.tmp-{os.getpid()}-")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{stem}.tmp-{os.getpid()}-")
     except OSError as e:
         raise CheckpointError(f"save: cannot write {path}: {e.strerror or e}") from None
     try:
@@ -166,7 +180,7 @@ def read(path):
     otherwise."""
     meta, arrays, sums = _read(path)
     _verify(path, arrays, sums)
-    return meta, arrays
+    return meta, dict(arrays.items())
 
 
 def _read(path):
@@ -185,10 +199,37 @@ def _read(path):
             size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if head[:4] == b"PK\x03\x04":
-                return (*_read_npz(path), None)
+                meta, arrays = _read_npz(path)
+                return meta, _Arrays.of(arrays), None
             return _read_safetensors(path, f, head, size)
     except OSError as e:
         raise CheckpointError(f"load: cannot read {path}: {e.strerror or e}") from None
+
+
+def _cut(text, width=200):
+    return text if len(text) <= width else text[:width] + "..."
+
+
+class _Repr(reprlib.Repr):
+    """``repr`` of what a header holds, a few levels and items deep (a hostile header nests deeply and
+    holds a million items), dicts in their own order."""
+
+    def repr_dict(self, x, level):
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in itertools.islice(x.items(),
+                                                                                                      self.maxdict)]
+        return "{" + ", ".join(items + ["..."] * (len(x) > self.maxdict)) + "}"
+
+
+_REPR = _Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother, _REPR.maxlist, _REPR.maxdict = 4, 80, 80, 10, 6
+
+
+def _shown(x):
+    return _cut(_REPR.repr(x))
 
 
 def _read_safetensors(path, f, head, size):
@@ -201,68 +242,185 @@ def _read_safetensors(path, f, head, size):
     if n > _MAX_HEADER:
         raise _bad(path, f"header length {n} exceeds safetensors' limit of {_MAX_HEADER} bytes: not safetensors")
     try:
-        header = json.loads(f.read(n).decode())
-        if not isinstance(header, dict):
-            raise ValueError("not a JSON object")
-    except (UnicodeDecodeError, ValueError) as e:
+        text = f.read(n).decode()
+    except UnicodeDecodeError as e:
         raise _bad(path, f"its header is not JSON ({e})") from None
-    meta = header.pop("__metadata__", None)
+    meta, entries = _header(path, text, size - 8 - n)
+    del text
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else None
-        raise _bad(path, f"expected metadata format {FORMAT!r}, got {got!r}")
+        raise _bad(path, f"expected metadata format {FORMAT!r}, got {_shown(got)}")
     try:
         text = meta["tapegrad"]
         inner = json.loads(text)
+    except RecursionError:
+        raise _bad(path, "its 'tapegrad' metadata nests too deeply to be a checkpoint's: corrupt or hostile") from None
     except (KeyError, TypeError, ValueError) as e:
-        raise _bad(path, f"its 'tapegrad' metadata is missing or not JSON ({e!r})") from None
+        raise _bad(path, f"its 'tapegrad' metadata is missing or not JSON ({_cut(repr(e))})") from None
     sums = _checksums(path, meta)
     if sums is not None and _sha(text.encode()) != sums["tapegrad"]:
         raise _bad(path, "its 'tapegrad' metadata does not match the SHA-256 saved with it: corrupt")
-    layout = _layout(path, header, size - 8 - n)
     meta = _checked_meta(path, inner)
     data = f.read(size - 8 - n)
     if len(data) != size - 8 - n or f.read(1):
         raise _bad(path, f"the file changed size while it was read ({size} bytes at first)")
-    view = memoryview(data)
-    arrays = {name: np.frombuffer(view[lo:hi], dt).reshape(shape) for name, (dt, shape, lo, hi) in layout.items()}
-    return meta, arrays, sums
+    return meta, _Arrays(path, entries, memoryview(data)), sums
 
 
-def _layout(path, header, size):
-    """``{name: (dtype, shape, lo, hi)}`` of every tensor entry, checked as the safetensors library checks
-    them: a known dtype, a shape of non-negative ints, ``hi - lo`` = the bytes dtype × shape take, and the
-    byte ranges, in order, contiguous from 0 to the end of the ``size``-byte data section (no gap, no
-    overlap, nothing after the last)."""
-    layout = {}
-    for name, entry in header.items():
-        try:
-            dt = _DTYPES[entry["dtype"]]
-            shape = tuple(entry["shape"])
-            lo, hi = entry["data_offsets"]
-            if not all(type(d) is int and d >= 0 for d in shape + (lo, hi)):   # (not true / false either)
-                raise ValueError(f"shape {shape} / offsets {lo, hi} are not non-negative ints")
-        except (KeyError, TypeError, ValueError) as e:
-            raise _bad(path, f"tensor {name!r} has a malformed entry {entry!r} ({e})") from None
-        nbytes = math.prod(shape) * dt.itemsize
-        claim = (f"tensor {name!r} ({entry['dtype']} {list(shape)}) claims bytes [{lo}, {hi}) of a {size}-byte data "
-                 f"section")
-        if hi > size:
-            raise _bad(path, f"{claim}: past its end; truncated or corrupt")
-        if hi - lo != nbytes:
-            raise _bad(path, f"{claim}: {hi - lo} bytes where its dtype and shape take {nbytes}; truncated or corrupt")
-        layout[name] = (dt, shape, lo, hi)
-    end = 0
-    for name, (dt, shape, lo, hi) in sorted(layout.items(), key=lambda item: item[1][2:]):
-        if lo != end:
-            how = f"overlaps the tensor before it (which ends at byte {end})" if lo < end else \
-                f"leaves bytes [{end}, {lo}) unclaimed"
-            raise _bad(path, f"invalid offset: tensor {name!r} starts at byte {lo} and {how}; the tensors must cover "
-                             f"the data section in order, without gaps or overlaps: corrupt header")
-        end = hi
+class _Entries:
+    """The tensor entries of a header, compactly (a hostile header holds a million): per entry its name
+    (in ``index``), dtype code, byte range, and where its JSON value starts in the header text (its shape
+    is read again from there when its array is made)."""
+
+    def __init__(self):
+        self.index = {}
+        self.dts = bytearray()
+        self.lo, self.hi, self.at = array.array("q"), array.array("q"), array.array("q")
+        self.text = ""
+
+    def name(self, k):
+        return next(nm for nm, j in self.index.items() if j == k)
+
+
+def _members(text):
+    """``(name, value, start)`` of each member of the JSON object ``text``, one at a time (ValueError or
+    RecursionError where it is not JSON or nests too deeply)."""
+    ws, decode, scan = _WS.match, _DECODER.raw_decode, json.decoder.scanstring
+    i = ws(text, 0).end()
+    if text[i:i + 1] != "{":
+        json.loads(text)   # JSON's own words for what is wrong; else, JSON but no object:
+        raise ValueError("not a JSON object")
+    i = ws(text, i + 1).end()
+    if text[i:i + 1] != "}":
+        while True:
+            if text[i:i + 1] != '"':
+                raise ValueError(f"expected a name in double quotes at char {i}")
+            name, i = scan(text, i + 1)
+            i = ws(text, i).end()
+            if text[i:i + 1] != ":":
+                raise ValueError(f"expected ':' at char {i}")
+            start = ws(text, i + 1).end()
+            value, i = decode(text, start)
+            yield name, value, start
+            i = ws(text, i).end()
+            if text[i:i + 1] == "}":
+                break
+            if text[i:i + 1] != ",":
+                raise ValueError(f"expected ',' or '}}' at char {i}")
+            i = ws(text, i + 1).end()
+    if ws(text, i + 1).end() != len(text):
+        raise ValueError(f"extra data after the header's object at char {i + 1}")
+
+
+def _header(path, text, size):
+    """``(__metadata__, _Entries)`` of the header ``text``: each tensor entry checked as the safetensors
+    library checks them — a known dtype, a shape of non-negative ints, ``hi - lo`` = the bytes dtype ×
+    shape take, and the byte ranges, in order, contiguous from 0 to the end of the ``size``-byte data
+    section (no gap, no overlap, nothing after the last), each name once."""
+    meta, out = None, _Entries()
+    try:
+        for name, entry, start in _members(text):
+            if name == "__metadata__":
+                meta = entry
+                continue
+            if name in out.index:
+                raise _bad(path, f"tensor {_shown(name)} appears twice in the header: corrupt")
+            dt, shape, lo, hi = _entry(path, name, entry)
+            nbytes = math.prod(shape) * dt.itemsize
+            claim = (f"tensor {_shown(name)} ({entry['dtype']} {_shown(list(shape))}) claims bytes [{lo}, {hi}) of a "
+                     f"{size}-byte data section")
+            if hi > size:
+                raise _bad(path, f"{claim}: past its end; truncated or corrupt")
+            if hi - lo != nbytes:
+                raise _bad(path, f"{claim}: {hi - lo} bytes where its dtype and shape take {nbytes}; truncated or "
+                                 f"corrupt")
+            out.index[name] = len(out.dts)
+            out.dts.append(_CODE_OF[dt])
+            out.lo.append(lo)
+            out.hi.append(hi)
+            out.at.append(start)
+    except RecursionError:
+        raise _bad(path, "its header nests too deeply to be a checkpoint's: corrupt or hostile") from None
+    except ValueError as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise _bad(path, f"its header is not JSON ({e})") from None
+    _contiguous(path, out, size)
+    out.text = text
+    return meta, out
+
+
+def _entry(path, name, entry):
+    try:
+        dt = _DTYPES[entry["dtype"]]
+        shape = tuple(entry["shape"])
+        lo, hi = entry["data_offsets"]
+        if not all(type(d) is int and d >= 0 for d in shape + (lo, hi)):   # (not true / false either)
+            raise ValueError(f"shape {_shown(shape)} / offsets {_shown((lo, hi))} are not non-negative ints")
+    except (KeyError, TypeError, ValueError) as e:
+        raise _bad(path, f"tensor {_shown(name)} has a malformed entry {_shown(entry)} ({_cut(str(e))})") from None
+    return dt, shape, lo, hi
+
+
+def _contiguous(path, out, size):
+    """The byte ranges, sorted by start, cover the data section exactly (one vectorised pass)."""
+    lo, hi = np.frombuffer(out.lo, np.int64), np.frombuffer(out.hi, np.int64)
+    order = np.lexsort((hi, lo))
+    lo, hi = lo[order], hi[order]
+    ends = np.concatenate(([0], hi[:-1]))
+    bad = np.flatnonzero(lo != ends)
+    if bad.size:
+        k, end = int(bad[0]), int(ends[bad[0]])
+        start = int(lo[k])
+        how = f"overlaps the tensor before it (which ends at byte {end})" if start < end else \
+            f"leaves bytes [{end}, {start}) unclaimed"
+        raise _bad(path, f"invalid offset: tensor {_shown(out.name(int(order[k])))} starts at byte {start} and {how}; "
+                         f"the tensors must cover the data section in order, without gaps or overlaps: corrupt header")
+    end = int(hi[-1]) if hi.size else 0
     if end != size:
         raise _bad(path, f"invalid offsets: the tensors cover bytes [0, {end}) of a {size}-byte data section; the "
                          f"rest belongs to none: corrupt or appended to")
-    return layout
+
+
+class _Arrays:
+    """``{name: array}`` of a file's tensors, each array made from the data when it is first asked for (a
+    file of a million empty tensors makes none it does not use); ``bytes_of`` for the checksums."""
+
+    def __init__(self, path, entries, data):
+        self.path, self.e, self.data = path, entries, data
+        self.made = {}
+
+    @classmethod
+    def of(cls, arrays):
+        out = cls(None, None, None)
+        out.made = dict(arrays)
+        return out
+
+    def names(self):
+        return list(self.e.index) if self.e is not None else list(self.made)
+
+    def get(self, name):
+        if name in self.made or self.e is None or name not in self.e.index:
+            return self.made.get(name)
+        k = self.e.index[name]
+        shape = tuple(_DECODER.raw_decode(self.e.text, self.e.at[k])[0]["shape"])
+        dt = _DT_OF[self.e.dts[k]]
+        try:
+            a = np.frombuffer(self.data[self.e.lo[k]:self.e.hi[k]], dt).reshape(shape)
+        except ValueError as err:
+            raise _bad(self.path, f"tensor {_shown(name)} has shape {_shown(list(shape))}, which NumPy cannot hold "
+                                  f"({err})") from None
+        self.made[name] = a
+        return a
+
+    def items(self):
+        return [(name, self.get(name)) for name in self.names()]
+
+    def bytes_of(self, name):
+        if self.e is None:
+            return self.made[name].data
+        k = self.e.index[name]
+        return self.data[self.e.lo[k]:self.e.hi[k]]
 
 
 def _checksums(path, meta):
@@ -274,7 +432,7 @@ def _checksums(path, meta):
         sums = json.loads(meta[_SUMS])
         ok = isinstance(sums, dict) and "tapegrad" in sums and all(
             isinstance(h, str) and len(h) == 64 and set(h) <= set("0123456789abcdef") for h in sums.values())
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         ok = False
     if not ok:
         raise _bad(path, f"its {_SUMS!r} metadata is not a SHA-256 per tensor and one for 'tapegrad': corrupt")
@@ -285,12 +443,13 @@ def _verify(path, arrays, sums):
     """Every tensor's bytes against the SHA-256 saved with them (the metadata's was checked on reading)."""
     if sums is None:
         return
-    for name, a in arrays.items():
+    for name in arrays.names():
         if name not in sums:
-            raise _bad(path, f"tensor {name!r} has no SHA-256 among the checksums saved with the file: corrupt")
-        if _sha(a.data) != sums[name]:
-            raise _bad(path, f"tensor {name!r}: its {a.nbytes} bytes do not match the SHA-256 saved with them: "
-                             f"corrupt (a changed bit, or bytes moved)")
+            raise _bad(path, f"tensor {_shown(name)} has no SHA-256 among the checksums saved with the file: corrupt")
+        data = arrays.bytes_of(name)
+        if _sha(data) != sums[name]:
+            raise _bad(path, f"tensor {_shown(name)}: its {data.nbytes} bytes do not match the SHA-256 saved with "
+                             f"them: corrupt (a changed bit, or bytes moved)")
 
 
 def _read_npz(path):
@@ -301,6 +460,9 @@ def _read_npz(path):
         meta = json.loads(str(data.pop("meta")))
         if not isinstance(meta, dict) or meta.get("format") != LEGACY:
             raise ValueError(f"format {meta.get('format') if isinstance(meta, dict) else None!r}")
+    except RecursionError:
+        raise _bad(path, "an unreadable npz (its meta nests too deeply to be a checkpoint's: corrupt or hostile)") \
+            from None
     except (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile, zipfile.LargeZipFile) as e:
         raise _bad(path, f"an unreadable npz ({type(e).__name__}: {e})") from None
     renamed = {}

@@ -33,15 +33,16 @@ def softmax_model():
     return tape, W, h, loss
 
 
-# ── a compiler that gets exp wrong ───────────────────────────────────────────
+# ── a compiler that gets log wrong ───────────────────────────────────────────
 
 @pytest.fixture
-def exp_off(tmp_path, monkeypatch):
-    """$CC: the real compiler with every C ``exp(x)`` turned into ``exp(x)·(1 + 1e-9)`` by a header it
-    force-includes, building into a cache of its own; returns (wrapper, real compiler)."""
+def log_off(tmp_path, monkeypatch):
+    """$CC: the real compiler with every C library ``log(x)`` turned into ``log(x) + 1e-9`` by a header it
+    force-includes, building into a cache of its own; returns (wrapper, real compiler). (A float64
+    program's exp is the runtime's own; its log the C library's.)"""
     real = build.find_compiler()
-    header = tmp_path / "exp_off.h"
-    header.write_text("#include <math.h>\n#define exp(x) (exp(x) * (1.0 + 1e-9))\n")
+    header = tmp_path / "log_off.h"
+    header.write_text("#include <math.h>\n#define log(x) (log(x) + 1e-9)\n")
     cc = tmp_path / "cc-exp-off"
     cc.write_text(f'#!/bin/sh\nexec "{real}" -include "{header}" "$@"\n')
     cc.chmod(0o755)
@@ -50,8 +51,8 @@ def exp_off(tmp_path, monkeypatch):
     return str(cc), real
 
 
-def test_a_compiler_whose_exp_is_off_by_1e9_is_refused_at_capture(exp_off, monkeypatch):
-    cc, real = exp_off
+def test_a_compiler_whose_log_is_off_by_1e9_is_refused_at_capture(log_off, monkeypatch):
+    cc, real = log_off
     tape, W, h, loss = softmax_model()
     with pytest.raises(tg.VerificationError, match=rf"^softmax_xent \(node {loss.id}\): native value differs from "
                                                    rf"NumPy's: expected \|native − NumPy\| <= ") as e:
@@ -61,10 +62,10 @@ def test_a_compiler_whose_exp_is_off_by_1e9_is_refused_at_capture(exp_off, monke
     assert all(a in msg for a in ADVICE), msg
     assert tape.value(loss) is not None and len(tape) == loss.id + 1   # the tape is untouched
     prog = tg.capture(tape, loss, backend="native", verify=False)
-    # the macro reaches the cross-entropy's exp: REXP is exp, expanded again at each REXP(...) call
-    assert "#define REXP exp\n" in prog.runner.source and "e[p] = REXP(out[p]);" in prog.runner.source
+    # the macro reaches the cross-entropy's log of each row's Σ e (the runtime's tg_log is log in float64)
+    assert "r[q] = tg_log(r[q]);" in prog.runner.source and "(real)log((double)x)" in prog.runner.source
     shift = float(prog.forward()) - float(tape.value(loss))
-    assert 0.5e-9 < shift < 2e-9, shift   # log Σ e·(1 + 1e-9) = log Σ e + 1e-9, per row, averaged
+    assert 0.5e-9 < shift < 2e-9, shift   # log Σ e + 1e-9, per row, averaged
     monkeypatch.setenv("CC", real)
     assert tg.capture(tape, loss, backend="native").verified == {"values", "gradients"}
 

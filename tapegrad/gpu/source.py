@@ -597,7 +597,7 @@ def _xent_line(g, a, outer, m, inner, body):
     """One thread per softmax line (o, ii): the line's max and Σ exp(a − max) serially over j, then
     ``body`` (lines using ``p``, ``mx``, ``se``) for each element of the line."""
     d = g.d
-    exp, log = ("expf", "logf") if g.f32 else ("exp", "log")
+    exp, log = "tg_exp", "tg_log"   # the native runtime's (runtime_vmath.c), as the native program's
     el = f"v{a}[(o * {m}L + j) * {inner}L + ii]"
     return [f"const long o = i / {inner}L, ii = i % {inner}L;",
             f"real mx = {el.replace('j)', '0L)')};",

@@ -94,7 +94,8 @@ def _sub(g, x, y):
 
 
 def _libm(g):
-    return ("expf", "logf") if g.f32 else ("exp", "log")
+    """exp and log as the native runtime's (runtime_vmath.c, compiled for the device too: the same bits)."""
+    return ("tg_exp", "tg_log")
 
 
 def _max_line(var, at, m):

@@ -10,9 +10,13 @@ on the host before one ufunc call, and every literal goes through one exact prin
 >>> CUDA64.render(e, {"g": "g1[i]", "a": "v0[i]"}, s=3.0)
 '__dmul_rn(g1[i], __dmul_rn(3.0, pow(v0[i], 2.0)))'
 >>> C32.render(parse("a > 0.0 ? a : 0.0"), {"a": "x"})
-'((x > 0.0f) ? x : 0.0f)'
+'tg_sel((x > 0.0f), x, 0.0f)'
+>>> CUDA32.render(parse("c ? a : 0.0"), {"a": "x", "c": "m[i]"})
+'(m[i] ? x : 0.0f)'
 >>> C32.render(parse("g * tg_digamma(a) + lgamma(a)"), {"g": "y", "a": "x"})
 '((y * tg_digamma(x)) + lgammaf(x))'
+>>> C64.render(parse("log(a)"), {"a": "x"}), C32.render(parse("log(a)"), {"a": "x"})
+('log(x)', 'tg_log(x)')
 """
 import math
 import re
@@ -31,8 +35,10 @@ _LIBM = ("exp", "log", "sqrt", "fabs", "tanh", "pow", "log1p", "expm1", "erf", "
 FUNCS = {**{f: (f, f + "f") for f in _LIBM}, "tg_digamma": ("tg_digamma",) * 2, "tg_trigamma": ("tg_trigamma",) * 2}
 RUNTIME_FUNCS = frozenset(f for f in FUNCS if f.startswith("tg_"))
 # exp and tanh as the native runtime's (runtime_vmath.c): the C library's cannot be vectorised; a CUDA
-# program compiles the same file for the device, so both compute the same bits
+# program compiles the same file for the device, so both compute the same bits. A float32 program also
+# takes the runtime's log (float64 keeps the C library's: the runtime has no double log).
 VECTOR_MATH = {"exp": "tg_exp", "tanh": "tg_tanh"}
+VECTOR_MATH32 = {**VECTOR_MATH, "log": "tg_log"}
 
 
 def tokens(src):
@@ -190,11 +196,19 @@ def fold(e, s):
     return ("call", e[1], tuple(fold(x, s) for x in e[2]))
 
 
-class Dialect:
-    """How one target spells literals, arithmetic and libm: plain C (float64/float32) or CUDA."""
+_TESTS = ("<", ">", "<=", ">=", "==", "!=", "&&", "||")
 
-    def __init__(self, real, suffix, rn=None, spelled=None):
-        self.real, self.suffix, self.rn, self.spelled = real, suffix, rn, spelled or {}
+
+class Dialect:
+    """How one target spells literals, arithmetic and libm: plain C (float64/float32) or CUDA.
+
+    ``select``: the function that prints ``c ? x : y`` (the native runtime's ``tg_sel``, a blend of
+    both arms' bits), or None for C's ``?:``. Printed as ``?:``, a select whose arm is a constant lets
+    GCC fold the constant into the code after it and branch, which it will not vectorise without
+    AVX-512's masks (runtime_vmath.c's tg_vm_sel); both arms of a vector select are computed anyway."""
+
+    def __init__(self, real, suffix, rn=None, spelled=None, select=None):
+        self.real, self.suffix, self.rn, self.spelled, self.select = real, suffix, rn, spelled or {}, select
 
     def lit(self, x):
         """The one literal printer: exact (``repr`` round-trips), typed as ``real``."""
@@ -224,7 +238,11 @@ class Dialect:
         if kind == "not":
             return f"(!{self.print(e[1], env)})"
         if kind == "tern":
-            return f"({self.print(e[1], env)} ? {self.print(e[2], env)} : {self.print(e[3], env)})"
+            c, x, y = self.print(e[1], env), self.print(e[2], env), self.print(e[3], env)
+            if self.select is None:
+                return f"({c} ? {x} : {y})"
+            test = e[1][0] == "not" or (e[1][0] == "bin" and e[1][1] in _TESTS)
+            return f"{self.select}({c if test else f'({c} != 0)'}, {x}, {y})"
         if kind == "call":
             return f"{self.func(e[1])}({', '.join(self.print(x, env) for x in e[2])})"
         op, x, y = e[1], self.print(e[2], env), self.print(e[3], env)
@@ -238,10 +256,10 @@ def _f32(x):
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-C64 = Dialect("double", "", spelled=VECTOR_MATH)
-C32 = Dialect("float", "f", spelled=VECTOR_MATH)
+C64 = Dialect("double", "", spelled=VECTOR_MATH, select="tg_sel")
+C32 = Dialect("float", "f", spelled=VECTOR_MATH32, select="tg_sel")
 CUDA64 = Dialect("double", "", rn="d", spelled=VECTOR_MATH)
-CUDA32 = Dialect("float", "f", rn="f", spelled=VECTOR_MATH)
+CUDA32 = Dialect("float", "f", rn="f", spelled=VECTOR_MATH32)
 
 
 def dialect(dtype, target="c"):

@@ -16,28 +16,30 @@ and backward, because each vectorised pass saves a round trip through memory. A 
 erf…) inside a fused loop makes it 1.4-1.8x slower: the call cannot vectorise and spills every live
 value around it, where unfused the call loop runs alone and the arithmetic loops stay vectorised. So an
 expression that calls libm is never fused; it runs alone between fused runs. exp and tanh are the
-runtime's own (runtime_vmath.c), arithmetic that vectorises, and fuse like the rest.
+runtime's own (runtime_vmath.c), arithmetic that vectorises, and fuse like the rest; so does log in a
+float32 program (the runtime's float log; a float64 log is the C library's).
 """
 from .codegen import expr_of
-from .expr import VECTOR_MATH, calls, names
+from .expr import VECTOR_MATH, VECTOR_MATH32, calls, names
 
 # functions that are vector code: single instructions (with -fno-math-errno), and the runtime's exp and
-# tanh (runtime_vmath.c), plain arithmetic the compiler widens like the rest of the loop
+# tanh (runtime_vmath.c; float32: log too), plain arithmetic the compiler widens like the rest of the loop
 _VECTOR = {"sqrt", "fabs"} | set(VECTOR_MATH)
+_VECTOR32 = {"sqrt", "fabs"} | set(VECTOR_MATH32)
 
 
-def _ew(op, field, libm=False):
+def _ew(op, field, libm=False, vector=_VECTOR):
     if op.kind != "elementwise" or getattr(op, field) is None:
         return False
-    return libm or not (calls(expr_of(op, field)) - _VECTOR)
+    return libm or not (calls(expr_of(op, field)) - vector)
 
 
-def _bwd_ok(op, field, target, shape, libm=False):
+def _bwd_ok(op, field, target, shape, libm=False, vector=_VECTOR):
     """A backward contribution fits a fused loop when it is elementwise into a same-shape gradient, or
     when it is ``g`` itself into a broadcast input: that one is reduced from g's buffer right after
     the loop (g is final by then; the loop writes only same-shape gradients, never this one)."""
     if target == shape:
-        return _ew(op, field, libm)
+        return _ew(op, field, libm, vector)
     return getattr(op, field) is not None and expr_of(op, field) == ("var", "g")
 
 
@@ -46,10 +48,11 @@ def plan(prog, fuse=True, libm=False):
 
     ``libm=True`` fuses libm calls too: only for the benchmark that keeps this policy honest."""
     nodes, shapes = prog.nodes, prog.shapes
+    vector = _VECTOR32 if str(prog.dtype) == "float32" else _VECTOR
     fwd = []
     for k in prog.compute:
         op = nodes[k][0]
-        if fuse and fwd and _ew(op, "c_fwd", libm) and _ew(nodes[fwd[-1][-1]][0], "c_fwd", libm) \
+        if fuse and fwd and _ew(op, "c_fwd", libm, vector) and _ew(nodes[fwd[-1][-1]][0], "c_fwd", libm, vector) \
                 and shapes[k] == shapes[fwd[-1][-1]]:
             fwd[-1].append(k)
         else:
@@ -58,7 +61,7 @@ def plan(prog, fuse=True, libm=False):
     for e in prog.sched:
         k, ta, _, tb, _ = e
         op, a, b, _ = nodes[k]
-        ok = op.kind == "elementwise" and all(_bwd_ok(op, f, shapes[j], shapes[k], libm) for to, f, j in
+        ok = op.kind == "elementwise" and all(_bwd_ok(op, f, shapes[j], shapes[k], libm, vector) for to, f, j in
                                               ((ta, "c_da", a), (tb, "c_db", b)) if to)
         if fuse and ok and bwd and bwd[-1][-1][0] in fusable and shapes[bwd[-1][-1][0]] == shapes[k]:
             bwd[-1].append(e)

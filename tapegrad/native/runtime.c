@@ -517,46 +517,58 @@ TG_FN void tg_mm(tg_gemm_t gemm, int ta, int tb, int m, int n, int k, const real
         one_thread(prior);
 }
 
-/* softmax / logsoftmax over the middle axis of (outer, n, inner); r: scratch of outer·inner. */
-TG_FN void tg_softmax(int log_, const real *a, real *out, real *e, real *r, long outer, long n, long inner)
+/* The loops of a softmax step over (outer, n, inner), each element's row value r[o·inner + i] at hand:
+ * STEP runs once per element, p its flat index and v its row's value. Over rows of n when inner is 1
+ * (a last axis: contiguous, what the compiler widens), over runs of inner otherwise. */
+#define TG_ROWWISE(outer, n, inner, r, STEP)                                                    \
+    do {                                                                                      \
+        if ((inner) == 1) {                                                                   \
+            for (long o_ = 0; o_ < (outer); o_++) {                                           \
+                const real v = (r)[o_];                                                       \
+                for (long p = o_ * (n); p < (o_ + 1) * (n); p++) {                            \
+                    STEP;                                                                     \
+                }                                                                             \
+            }                                                                                 \
+        } else {                                                                              \
+            for (long o_ = 0; o_ < (outer); o_++)                                             \
+                for (long j_ = 0; j_ < (n); j_++)                                             \
+                    for (long i_ = 0; i_ < (inner); i_++) {                                   \
+                        const long p = (o_ * (n) + j_) * (inner) + i_;                        \
+                        const real v = (r)[o_ * (inner) + i_];                                \
+                        STEP;                                                                 \
+                    }                                                                         \
+        }                                                                                     \
+    } while (0)
+
+/* softmax / logsoftmax over the middle axis of (outer, n, inner); r: scratch of outer·inner. The NumPy
+ * rule's steps, each rounded as its ufunc rounds it: max, a − max, exp (the runtime's, tier libm), the sum
+ * in NumPy's order, then the division (softmax) or the log and its subtraction (logsoftmax). */
+TG_FN void tg_softmax(int log_, const real *restrict a, real *restrict out, real *restrict e, real *restrict r,
+                      long outer, long n, long inner)
 {
     long sh[3] = {outer, n, inner};
     const unsigned char red[3] = {0, 1, 0};
-    long total = outer * n * inner;
     tg_reduce(1, a, r, 3, sh, red);
-    for (long o = 0; o < outer; o++)
-        for (long j = 0; j < n; j++)
-            for (long i = 0; i < inner; i++) {
-                long p = (o * n + j) * inner + i;
-                out[p] = a[p] - r[o * inner + i];
-            }
     if (!log_) {
-        for (long p = 0; p < total; p++)
-            out[p] = REXP(out[p]);
+        TG_ROWWISE(outer, n, inner, r, out[p] = tg_exp(a[p] - v));
         tg_reduce(0, out, r, 3, sh, red);
-        for (long o = 0; o < outer; o++)
-            for (long j = 0; j < n; j++)
-                for (long i = 0; i < inner; i++) {
-                    long p = (o * n + j) * inner + i;
-                    out[p] = out[p] / r[o * inner + i];
-                }
+        TG_ROWWISE(outer, n, inner, r, out[p] = out[p] / v);
     } else {
-        for (long p = 0; p < total; p++)
-            e[p] = REXP(out[p]);
+        TG_ROWWISE(outer, n, inner, r, {
+            const real d = a[p] - v;
+            out[p] = d;
+            e[p] = tg_exp(d);
+        });
         tg_reduce(0, e, r, 3, sh, red);
         for (long q = 0; q < outer * inner; q++)
-            r[q] = RLOG(r[q]);
-        for (long o = 0; o < outer; o++)
-            for (long j = 0; j < n; j++)
-                for (long i = 0; i < inner; i++) {
-                    long p = (o * n + j) * inner + i;
-                    out[p] = out[p] - r[o * inner + i];
-                }
+            r[q] = tg_log(r[q]);
+        TG_ROWWISE(outer, n, inner, r, out[p] = out[p] - v);
     }
 }
 
 /* d softmax: c = out · (g − Σ g·out);  d logsoftmax: c = g − exp(out) · Σ g. */
-TG_FN void tg_softmax_da(int log_, const real *g, const real *out, real *c, real *r, long outer, long n, long inner)
+TG_FN void tg_softmax_da(int log_, const real *restrict g, const real *restrict out, real *restrict c,
+                         real *restrict r, long outer, long n, long inner)
 {
     long sh[3] = {outer, n, inner};
     const unsigned char red[3] = {0, 1, 0};
@@ -565,23 +577,17 @@ TG_FN void tg_softmax_da(int log_, const real *g, const real *out, real *c, real
         for (long p = 0; p < total; p++)
             c[p] = g[p] * out[p];
         tg_reduce(0, c, r, 3, sh, red);
-        for (long o = 0; o < outer; o++)
-            for (long j = 0; j < n; j++)
-                for (long i = 0; i < inner; i++) {
-                    long p = (o * n + j) * inner + i;
-                    real t = g[p] - r[o * inner + i];
-                    c[p] = out[p] * t;
-                }
+        TG_ROWWISE(outer, n, inner, r, {
+            const real t = g[p] - v;
+            c[p] = out[p] * t;
+        });
     } else {
         tg_reduce(0, g, r, 3, sh, red);
-        for (long o = 0; o < outer; o++)
-            for (long j = 0; j < n; j++)
-                for (long i = 0; i < inner; i++) {
-                    long p = (o * n + j) * inner + i;
-                    real t = REXP(out[p]);
-                    t = t * r[o * inner + i];
-                    c[p] = g[p] - t;
-                }
+        TG_ROWWISE(outer, n, inner, r, {
+            real t = tg_exp(out[p]);
+            t = t * v;
+            c[p] = g[p] - t;
+        });
     }
 }
 

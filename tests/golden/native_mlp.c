@@ -23,7 +23,7 @@ static void tg_f5(real *restrict v1, real *restrict v3, real *restrict v4, real 
             const long i = i0 * 4L + i1 * 1L;
             const real t5 = (v4[i] + v1[i1 * 1]);
             v5[i] = t5;
-            const real t6 = ((t5 > 0.0) ? t5 : ((t5 != t5) ? t5 : 0.0));
+            const real t6 = tg_sel((t5 > 0.0), t5, tg_sel((t5 != t5), t5, 0.0));
             v6[i] = t6;
             const real t7 = (t6 - v3[i]);
             v7[i] = t7;
@@ -38,7 +38,8 @@ static void tg_b8(real *restrict v5, real *restrict v7, real *restrict g4, real 
     for (long i = 0; i < 20L; i++) {
         g7[i] = (g8[i] * (2.0 * v7[i]));
         g6[i] = g7[i];
-        g5[i] = (g6[i] * ((v5[i] > 0.0) ? 1.0 : 0.0));
+        const real g_2 = g6[i];
+        g5[i] = tg_sel((v5[i] > 0.0), g_2, 0.0);
         g4[i] = g5[i];
     }
 }

@@ -22,6 +22,7 @@ __global__ void tg_b8(real *__restrict__ v5, real *__restrict__ v7, real *__rest
         return;
     g7[i] = __dmul_rn(g8[i], __dmul_rn(2.0, v7[i]));
     g6[i] = g7[i];
-    g5[i] = __dmul_rn(g6[i], ((v5[i] > 0.0) ? 1.0 : 0.0));
+    const real g_2 = g6[i];
+    g5[i] = ((v5[i] > 0.0) ? g_2 : 0.0);
     g4[i] = g5[i];
 }

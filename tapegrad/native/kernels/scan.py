@@ -82,9 +82,9 @@ def logsumexp_fwd(n):
     lines = n.em.reduce(1, n.A, "S1", n.ash, red)
     lines.append(_loop(osize, f"{{ const real r = S1[i]; S1[i] = isfinite(r) ? r : {zero}; }}"))
     lines += n.em.gather("S2", "S1", n.ash, bstrides(keep(n.ash, n.s), n.ash))
-    lines.append(_loop(size, f"S2[i] = REXP({n.A}[i] - S2[i]);"))
+    lines.append(_loop(size, f"S2[i] = tg_exp({n.A}[i] - S2[i]);"))
     lines += n.em.reduce(0, "S2", n.V, n.ash, red)
-    lines.append(_loop(osize, f"{n.V}[i] = RLOG({n.V}[i]) + S1[i];"))
+    lines.append(_loop(osize, f"{n.V}[i] = tg_log({n.V}[i]) + S1[i];"))
     return lines
 
 
@@ -92,7 +92,7 @@ def logsumexp_da(n):
     """g · exp(a − out), out and g spread over the reduced axes."""
     st = bstrides(keep(n.ash, n.s), n.ash)
     lines = n.em.gather("S1", n.V, n.ash, st) + n.em.gather("S2", n.G, n.ash, st)
-    lines.append(_loop(math.prod(n.ash), f"{n.dst}[i] = S2[i] * REXP({n.A}[i] - S1[i]);"))
+    lines.append(_loop(math.prod(n.ash), f"{n.dst}[i] = S2[i] * tg_exp({n.A}[i] - S1[i]);"))
     return lines, False
 
 

@@ -1,21 +1,33 @@
-"""Ctrl-C held back across a step that must happen completely or not at all."""
+"""Signals held back across a step that must happen completely or not at all."""
 import signal
 import threading
 
+# every signal a handler can be installed for (SIGKILL and SIGSTOP cannot be caught)
+_CATCHABLE = tuple(s for s in signal.valid_signals() if s not in (getattr(signal, "SIGKILL", None),
+                                                                   getattr(signal, "SIGSTOP", None)))
 
-def sigint_held(fn, *args):
-    """``fn(*args)`` with SIGINT noted instead of raised meanwhile, then delivered (``KeyboardInterrupt``).
 
-    Only the main thread runs Python's signal handlers; elsewhere, or when the current handler was not
-    installed from Python, ``fn`` runs as it is. One frame installs and restores the handler inside one
-    ``try`` (a context manager would leave a gap between installing and its ``__exit__``); left
-    installed anyway, by a restore that was itself cut short, the holding handler hands the next SIGINT
-    to the old one and reinstalls it.
+def signals_held(fn, *args):
+    """``fn(*args)`` with every Python-level signal handler's signal noted instead of handled meanwhile, then
+    delivered in the order they came: Ctrl-C's ``KeyboardInterrupt``, or whatever another handler raises
+    (a timeout's alarm, a notebook's), arrives after ``fn`` has finished, never part-way through it.
+
+    Only the main thread runs Python's signal handlers; elsewhere ``fn`` runs as it is (a handler's
+    exception then rises in the main thread, not in ``fn``). Signals whose handler was not installed from
+    Python (default or ignored) are left alone: their effect is the operating system's. One frame installs
+    and restores the handlers inside one ``try`` (a context manager would leave a gap between installing
+    and its ``__exit__``); left installed anyway, by a restore that was itself cut short, a holding handler
+    hands its next signal to the old one and reinstalls it. When several held handlers raise, each runs
+    and the first exception propagates.
     """
     if threading.current_thread() is not threading.main_thread():
         return fn(*args)
-    old = signal.getsignal(signal.SIGINT)
-    if old is None:
+    olds = {}
+    for sig in _CATCHABLE:
+        h = signal.getsignal(sig)
+        if callable(h):
+            olds[sig] = h
+    if not olds:
         return fn(*args)
     active, noted = [True], []
 
@@ -23,13 +35,22 @@ def sigint_held(fn, *args):
         if active:
             noted.append(signum)
         else:
-            signal.signal(signal.SIGINT, old)
-            signal.raise_signal(signal.SIGINT)
+            signal.signal(signum, olds[signum])
+            signal.raise_signal(signum)
     try:
-        signal.signal(signal.SIGINT, hold)
+        for sig in olds:
+            signal.signal(sig, hold)
         return fn(*args)
     finally:
-        active.clear()   # from here a SIGINT reaches the old handler, even if the next lines are cut short
-        signal.signal(signal.SIGINT, old)
-        if noted:
-            signal.raise_signal(signal.SIGINT)   # delivered now: KeyboardInterrupt, by default
+        active.clear()   # from here a signal reaches its old handler, even if the next lines are cut short
+        for sig, h in olds.items():
+            signal.signal(sig, h)
+        first = None
+        for sig in dict.fromkeys(noted):
+            try:
+                signal.raise_signal(sig)   # delivered now: KeyboardInterrupt for Ctrl-C, by default
+            except BaseException as e:   # noqa: BLE001 - every held handler runs; the first exception rises
+                first = first or e
+        if first is not None:
+            raise first
+

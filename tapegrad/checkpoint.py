@@ -21,8 +21,8 @@ safetensors library does (every tensor's byte range inside the file, of the size
 take, the ranges in order without gaps or overlaps and covering the data section exactly), the
 metadata (a step count within 0..2**53), every array present, float, of the exact shape in the
 metadata and on the tape, the optimizer's kind and parameters, and last the checksums — all before it
-writes anything. The writes (parameters and optimizer state) then happen with Ctrl-C held back (on
-the main thread) and are undone if anything interrupts them anyway: restored completely or not at all.
+writes anything. The writes (parameters and optimizer state) then happen with signals held back (on
+the main thread: Ctrl-C, a timeout's alarm) and are undone if anything interrupts them anyway: restored completely or not at all.
 Files written before the checksums (and version-0.1 npz files) load with every check but the
 checksums. Every unreadable file raises ``CheckpointError``: JSON nested too deeply for Python, a
 zero-size tensor of a shape NumPy cannot hold (100 dimensions, dimensions past int64) included. The
@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Optional
 import numpy as np
 
 from ._files import fsync_dir, sweep_temporaries, temporary_stem
-from ._interrupts import sigint_held
+from ._interrupts import signals_held
 from .errors import CheckpointError, ForeignVarError, TapeError
 
 if TYPE_CHECKING:
@@ -553,9 +553,9 @@ def load(path: "str | os.PathLike[str]", tape: "Tape", opt: "Optional[Optimizer]
 
 
 def _commit(tape, ids, params, opt, state):
-    """Write the checked parameters (and optimizer state) into the tape (and ``opt``) as one step: Ctrl-C
-    is held back meanwhile and delivered after, and anything that interrupts the copies anyway (another
-    signal's handler raising, a MemoryError) finds the old values written back before it propagates."""
+    """Write the checked parameters (and optimizer state) into the tape (and ``opt``) as one step: signals
+    with Python handlers (Ctrl-C, an alarm) are held back meanwhile and delivered after, and anything that
+    interrupts the copies anyway (a MemoryError) finds the old values written back before it propagates."""
     old = [np.array(tape._val[i]) for i in ids]
     old_state = opt.state_dict() if state is not None else None
 
@@ -571,4 +571,4 @@ def _commit(tape, ids, params, opt, state):
             for i, a in zip(ids, old):
                 np.copyto(tape._val[i], a)
             raise
-    sigint_held(copies)
+    signals_held(copies)

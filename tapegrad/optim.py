@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import numpy as np
 
-from ._interrupts import sigint_held
+from ._interrupts import signals_held
 from .errors import ConfigError, ForeignVarError, TapeError
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 ClipMode = Literal["optax", "seed", "torch"]
 
 CLIP_MODES = ("optax", "seed", "torch")
-HOLD_FROM = 1 << 14   # updates of this many elements or more hold Ctrl-C back; smaller ones undo (see step)
+HOLD_FROM = 1 << 14   # updates of this many elements or more hold signals back; smaller ones undo (see step)
 
 
 def l2_grad(g, w, l2, out):
@@ -204,6 +204,8 @@ class Optimizer:
         self.wd = []
         self._runs = []
         self._where = []   # per parameter: (run, index in run)
+        self._ids = set()  # the registered parameters' node ids
+        self._stale = False   # parameters were added since the runs were laid out (done on first use)
         self._drops = -1   # the tape's parameter-drop count when the parameters were last checked
 
     def add(self, tape: Tape, var: Var, l2: float = 0.0, wd: Optional[float] = None) -> Var:
@@ -216,21 +218,25 @@ class Optimizer:
         wd = self.weight_decay if wd is None else _number(f"{self.kind}.add (node {i})", "wd", wd, 0.0, math.inf)
         if wd and self.kind != "Adam":
             raise ConfigError(f"{self.kind}.add (node {i}): wd (decoupled weight decay) is Adam's; use l2 here")
-        self.check_params(f"{self.kind}.add")
+        self._checked(f"{self.kind}.add")
         if tape._nodes[i].op.name != "param":
             raise TapeError(f"{self.kind}.add (node {i}): expected a param, got a {tape._nodes[i].op.name} node")
-        if any(p.id == i for p in self.params):
+        if i in self._ids:
             raise TapeError(f"{self.kind}.add (node {i}): parameter already registered")
-        old = self.state_dict()
         self.tape = tape
         self.params.append(var)
         self.l2.append(float(l2))
         self.wd.append(float(wd))
-        self._layout()
-        for key in ("mu", "nu")[:self.moments]:
-            for k, a in enumerate(old[key]):
-                np.copyto(self._state(key)[k], a)
+        self._ids.add(i)
+        self._stale = True   # laid out once, when the state is first used: registering n is O(n), not O(n²)
         return var
+
+    def _checked(self, who):
+        """``check_params`` when ``reset_to`` dropped parameters since the last check (else nothing can have
+        been dropped): a per-call check would make n registrations or steps O(n²)."""
+        if self.tape is not None and self._drops != self.tape._params.drops:
+            self.check_params(who)
+            self._drops = self.tape._params.drops
 
     def check_params(self, who):
         """Raise ``ForeignVarError`` if ``reset_to`` dropped a registered parameter (its slot may now hold
@@ -261,7 +267,20 @@ class Optimizer:
             for j, (k, _, _) in enumerate(members):
                 self._where[k] = (run, j)
 
+    def _fresh(self):
+        """Lay the runs out again after ``add``, every registered parameter's moments carried over."""
+        if not self._stale:
+            return
+        runs, where = self._runs, self._where
+        self._layout()
+        for k, (run, j) in enumerate(where):
+            new, nj = self._where[k]
+            for have, fresh in zip(run.state, new.state):
+                np.copyto(new.piece(fresh, nj), run.piece(have, j))
+        self._stale = False
+
     def _state(self, key):
+        self._fresh()
         slot = ("mu", "nu").index(key)
         out = []
         for k, v in enumerate(self.params):
@@ -282,15 +301,15 @@ class Optimizer:
         """One update from the gradients on the tape; parameters change in place on the tape."""
         if self.tape is None:
             return
-        if self._drops != self.tape._params.drops:   # reset_to dropped parameters since the last check
-            self.check_params(f"{self.kind}.step")
-            self._drops = self.tape._params.drops
-        # Ctrl-C mid-update would leave some parameters stepped and others not. Holding SIGINT back costs
-        # two handler swaps (about 10-20 us); below HOLD_FROM elements copying the state first and putting
-        # it back on an interrupt is cheaper.
+        self._checked(f"{self.kind}.step")
+        self._fresh()
+        # An interrupt mid-update (Ctrl-C, or any signal handler that raises) would leave some parameters
+        # stepped and others not. Holding every Python-level handler back costs a few handler swaps (about
+        # 10-30 us); below HOLD_FROM elements copying the state first and putting it back on any exception
+        # is cheaper.
         units = self._units()
         if sum(u.w.size for u in units) >= HOLD_FROM:
-            sigint_held(self._step, units)
+            signals_held(self._step, units)
         else:
             self._undoable_step(units)
 

@@ -104,3 +104,9 @@ def test_plot_only_without_saved_measurements_says_what_to_run(tmp_path):
                                          r"experiments/bench_peers\.py` \(with the same --out\) once first"):
         bench_peers.main(["--plot-only", "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())                           # and wrote nothing
+
+
+def test_bench_optim_add_registers_lazily_into_the_state_the_old_scheme_reached():
+    import bench_optim_add
+    rows = bench_optim_add.main(["--quick", "--repeats", "1"])
+    assert [n for n, *_ in rows] == list(bench_optim_add.QUICK) and all(same for *_, same in rows)

@@ -228,6 +228,7 @@ def model(opt_factory, interleave=False):
 def test_flat_runs_equal_parameter_by_parameter_updates():
     factory = lambda: tg.Adam(0.05, clip=0.5)  # noqa: E731
     (t1, p1, o1), (t2, p2, o2) = model(factory), model(factory, interleave=True)
+    o1._fresh(), o2._fresh()   # the runs are laid out when first used
     assert len(o1._runs) == 1 and len(o2._runs) == 2
     assert train(t1, p1, o1, 20, 3) == train(t2, p2, o2, 20, 3)
     for a, b in zip(p1, p2):

@@ -305,7 +305,7 @@ class Optimizer:
         self._fresh()
         # An interrupt mid-update (Ctrl-C, or any signal handler that raises) would leave some parameters
         # stepped and others not. Holding every Python-level handler back costs a few handler swaps (about
-        # 10-30 us); below HOLD_FROM elements copying the state first and putting it back on any exception
+        # 6 us); below HOLD_FROM elements copying the state first and putting it back on any exception
         # is cheaper.
         units = self._units()
         if sum(u.w.size for u in units) >= HOLD_FROM:

@@ -146,6 +146,7 @@ class GradReport:
     mode: str = "float64"     # check_grads' precision as run: "float64" (leaves upgraded) or "as_given"
     checked: str = "float64"  # the precision compared at: "float64", or the lower one whose √eps is ``bound``
     branches: tuple = ()      # concrete=True: each site of f's code that read a traced value, and what it read
+    concrete: bool = False    # f was traced with its values readable (concrete=True, asked or chosen automatically)
 
     def _noise(self, a, m):
         """A leaf whose gradient is zero on both sides up to rounding: both sides, and their difference,
@@ -184,10 +185,14 @@ def clear_caches():
     """Forget every cached trace and compiled JAX side (the next check of each function is cold)."""
     _PREP.clear()
     _VJP.clear()
+    _AUTO.clear()
 
 
 class _Prepared:
     pass
+
+
+_AUTO = {}   # id(f) -> f: functions whose jax.jit-style trace failed on a Python branch (traced concretely since)
 
 
 def _leaf(x, upgrade=True):
@@ -303,7 +308,9 @@ def _prepare(f, args, argnums, has_aux, trust=frozenset(), precision="float64", 
     except jax.errors.ConcretizationTypeError as e:
         if concrete:
             raise TracingError(
-                "check_grads(concrete=True) runs f with its arguments' values readable, as jax.grad does, but f "
+                ("check_grads(concrete=True) runs" if concrete is True else
+                 "f branches in Python on a traced value, so check_grads ran it as concrete=True runs it, after the "
+                 "jax.jit-style trace failed:") + " f with its arguments' values readable, as jax.grad does, but f "
                 "needs a value that is abstract even there: float() of a traced value (jax.grad refuses it too: "
                 "use it as an array), or a Python branch inside a jax.jit, lax.cond/scan/while body or custom_jvp/"
                 "custom_vjp function, traced without values under jax.grad as well (use lax.cond / jnp.where "
@@ -312,8 +319,9 @@ def _prepare(f, args, argnums, has_aux, trust=frozenset(), precision="float64", 
             "check_grads traces f the way jax.jit does, so Python control flow (if/while/bool()/int()) on a "
             "value computed from the arguments cannot run: use jnp.where or lax.select for values, lax.cond / "
             "lax.switch for branches, lax.fori_loop / lax.while_loop / lax.scan for loops, or close over a "
-            "Python value that should stay static (check_grads(lambda x: f(x, flag), x)); or pass concrete=True "
-            "to check f as jax.grad runs it, Python branches taken at these argument values. JAX said: "
+            "Python value that should stay static (check_grads(lambda x: f(x, flag), x)); or leave concrete unset "
+            "(or pass concrete=True) to check f as jax.grad runs it, Python branches taken at these argument values. "
+            "JAX said: "
             f"{str(e).splitlines()[0]}") from e
     closed = _shared_bodies(closed)
     if concrete:
@@ -639,7 +647,7 @@ def _replayed(plan, tainted, top=None):
 
 def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
                 has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, trust: Sequence[str] = (),
-                precision: str = "float64", concrete: bool = False) -> GradReport:
+                precision: str = "float64", concrete: Optional[bool] = None) -> GradReport:
     """Check ``jax.grad(f, argnums, has_aux)`` against tapegrad's reverse sweep of ``f``'s jaxpr.
 
     ``f`` is a scalar-valued JAX function (``jax.numpy``, ``lax``, ``jax.nn``, control flow,
@@ -690,6 +698,9 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     converged, optax's ``warmup_cosine_decay_schedule``), as ``jax.grad`` allows: it is traced with
     its values readable, each Python branch taking the way it takes under ``jax.grad`` at these
     arguments, and that path is checked, at these values only (``report.branches`` lists what ran).
+    Unset (None, the default), f is traced as ``jax.jit`` traces it, and if that fails on a Python
+    branch (or ``int()``, an index) of a traced value, as ``concrete=True`` traces it: ``report.concrete``
+    and a note say so. ``concrete=False`` refuses such an f (``TracingError``, saying what to use).
 
     >>> def newton_sqrt(a):
     ...     x = a
@@ -704,21 +715,22 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
         raise CheckGradsError(f"check_grads: precision must be 'float64' (float leaves upgraded to float64, the "
                               f"default) or 'as_given' (float32/bfloat16/float16 leaves kept: the caller's own "
                               f"jax.grad checked at that precision's bound), got {precision!r}")
-    if not isinstance(concrete, (bool, np.bool_)):
-        raise CheckGradsError(f"check_grads: concrete must be True or False, got {concrete!r}")
+    if concrete is not None and not isinstance(concrete, (bool, np.bool_)):
+        raise CheckGradsError(f"check_grads: concrete must be None (automatic), True or False, got {concrete!r}")
     x64 = bool(jax.config.jax_enable_x64)   # the caller's setting: precision="as_given" traces f in it
     with jax.enable_x64(True), np.errstate(all="ignore"):   # non-finite values are reported, not warned
         trusted = frozenset((trust,) if isinstance(trust, str) else trust)
         saved, TRUST[0] = TRUST[0], trusted
         try:
-            return _check(f, args, argnums, has_aux, rtol, seed, trusted, precision, x64, bool(concrete))
+            return _check(f, args, argnums, has_aux, rtol, seed, trusted, precision, x64,
+                          None if concrete is None else bool(concrete))
         finally:
             TRUST[0] = saved
 
 
 def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
                  has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, trust: Sequence[str] = (),
-                 allow_kinks: bool = True, precision: str = "float64", concrete: bool = False) -> GradReport:
+                 allow_kinks: bool = True, precision: str = "float64", concrete: Optional[bool] = None) -> GradReport:
     """Like ``check_grads`` but raises ``GradientMismatchError`` (an ``AssertionError``) with the report.
 
     The form of ``jax.test_util.check_grads``; returns the report when the gradients agree (or
@@ -735,8 +747,27 @@ def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Se
     return report
 
 
-def _check(f, args, argnums, has_aux, rtol, seed, trust, precision="float64", x64=True, concrete=False):
-    p, leaves = _prepare(f, args, argnums, has_aux, trust, precision, x64, concrete)
+def _traced(f, args, argnums, has_aux, trust, precision, x64, concrete):
+    """``(prepared, leaves, automatic)``: ``_prepare`` as ``concrete`` asks; unset, the jax.jit-style trace
+    first and, where it fails on a traced value Python needed (``if``, ``int()``), the concrete one
+    (``automatic``: JAX's words about the first failure; the function is traced concretely from then on)."""
+    if concrete is None and _AUTO.get(id(f)) is not f:
+        try:
+            return (*_prepare(f, args, argnums, has_aux, trust, precision, x64, False), None)
+        except TracingError as e:
+            if not isinstance(e.__cause__, jax.errors.ConcretizationTypeError):
+                raise
+            said = str(e.__cause__).splitlines()[0]
+        _AUTO[id(f)] = f
+    elif concrete is None:
+        said = "as on an earlier call"
+    p, leaves = _prepare(f, args, argnums, has_aux, trust, precision, x64, True if concrete else
+                         (False if concrete is False else "auto"))
+    return p, leaves, (said if concrete is None else None)
+
+
+def _check(f, args, argnums, has_aux, rtol, seed, trust, precision="float64", x64=True, concrete=None):
+    p, leaves, auto = _traced(f, args, argnums, has_aux, trust, precision, x64, concrete)
     try:
         vals, aux, jvalue, jgrads, jaux = p.jax_side(p.plan.const_vals, leaves)
     except (ValueError, TypeError, NotImplementedError) as e:
@@ -793,14 +824,21 @@ def _check(f, args, argnums, has_aux, rtol, seed, trust, precision="float64", x6
                         jax_max=tuple(float(np.abs(np.where(np.isfinite(g), g, 0.0)).max(initial=0.0)) for g in jgrads),
                         aux=jax.tree.unflatten(p.aux_tree, list(jaux)) if has_aux else None,
                         mode="float64" if p.given is None else "as_given", checked=checked,
-                        branches=tuple(p.reads.branches()) if p.reads is not None else ())
+                        branches=tuple(p.reads.branches()) if p.reads is not None else (),
+                        concrete=p.reads is not None)
     lowered = sorted({str(np.dtype(x.dtype)) for x in jax.tree.leaves(args)
                       if hasattr(x, "dtype") and kind(x.dtype) == "f" and np.dtype(x.dtype).itemsize < 8})
     if p.fallback:
         report.notes.append(p.fallback)
     elif lowered and p.given is None:
         report.notes.append(f"{'/'.join(lowered)} arguments were checked in float64")
-    if p.reads is not None:
+    if auto is not None:
+        report.notes.append(
+            f"concrete, chosen automatically: f branches in Python on a traced value, which a jax.jit-style trace "
+            f"cannot run (JAX said: {auto}), so f ran as jax.grad runs it, its Python control flow reading "
+            f"{len(p.reads.seen)} traced value(s) (report.branches); the path that ran is what is checked, at these "
+            f"argument values only (as jax.grad's gradient is); concrete=False refuses such an f instead")
+    elif p.reads is not None:
         report.notes.append(
             f"concrete=True: f ran as jax.grad runs it, its Python control flow reading {len(p.reads.seen)} traced "
             f"value(s) at these arguments; the path that ran is what is checked, at these argument values only "

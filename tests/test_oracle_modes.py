@@ -114,7 +114,7 @@ def test_a_wrong_precision_is_named_with_the_allowed_values(bad):
 
 
 def test_a_wrong_concrete_is_named():
-    with pytest.raises(interop.CheckGradsError, match="concrete must be True or False, got 'yes'"):
+    with pytest.raises(interop.CheckGradsError, match=r"concrete must be None \(automatic\), True or False, got 'yes'"):
         interop.check_grads(lambda x: x.sum(), jnp.ones(3), concrete="yes")
 
 
@@ -154,8 +154,8 @@ def test_a_type_error_that_is_not_the_upgrades_is_raised_as_it_is():
 
 def test_python_branches_on_traced_values_say_concrete_true_is_the_way():
     f = lambda x: jnp.sum(x) * 2 if jnp.sum(x) > 0 else -jnp.sum(x)  # noqa: E731
-    with pytest.raises(interop.TracingError, match="pass concrete=True"):
-        interop.check_grads(f, jnp.ones(3))
+    with pytest.raises(interop.TracingError, match=r"leave concrete unset \(or pass concrete=True\)"):
+        interop.check_grads(f, jnp.ones(3), concrete=False)
 
 
 def test_optax_warmup_cosine_decay_schedule_inside_a_loss():
@@ -167,7 +167,7 @@ def test_optax_warmup_cosine_decay_schedule_inside_a_loss():
         return sum(sched(t) * jnp.sum(jnp.sin(w * t)) for t in range(6))
     args = (jnp.asarray(0.1), jnp.linspace(0.5, 1.5, 3))
     with pytest.raises(interop.TracingError):
-        interop.check_grads(loss, *args)
+        interop.check_grads(loss, *args, concrete=False)
     r = interop.check_grads(loss, *args, concrete=True)
     assert r.ok, str(r)
     assert len(r.branches) == 1 and "_schedule.py" in r.branches[0] and "bool → False" in r.branches[0]
@@ -244,7 +244,7 @@ def test_the_patch_is_gone_after_a_concrete_check():
     interop.check_grads(lambda x: x.sum() if x.sum() > 0 else -x.sum(), jnp.ones(3), concrete=True)
     assert "to_concrete_value" not in pe.DynamicJaxprTracer.__dict__
     with pytest.raises(interop.TracingError):
-        interop.check_grads(lambda x: x.sum() if x.sum() > 0 else -x.sum(), jnp.ones(3))
+        interop.check_grads(lambda x: x.sum() if x.sum() > 0 else -x.sum(), jnp.ones(3), concrete=False)
 
 
 # ── cold checks: one compile per distinct loop body ──────────────────────────

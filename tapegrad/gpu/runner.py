@@ -46,7 +46,11 @@ class LaunchRunner:
             self.step()
 
     def attached(self):
+        self.keep_params()
         self.generate()   # the optimizer's configuration is part of the source (and of the kernel names)
+
+    def keep_params(self):
+        """Before the buffers are made again from the host's arrays: nothing to keep where they are the host's."""
 
     def pull_count(self):
         pass
@@ -127,6 +131,19 @@ class CupyRunner(LaunchRunner):
         self.stream.synchronize()
         self.graph = None
         self.dirty = set()
+
+    def keep_params(self):
+        """Parameters the device trained since they were last uploaded, copied down before ``attach`` rebuilds
+        the device buffers from the host's arrays (which would otherwise put the parameters back as they were
+        before those steps). A parameter given anew on the host (``set_input``, not uploaded yet) keeps the
+        host's value; the moments are the newly attached optimizer's, as ``attach`` says."""
+        if not getattr(self, "dev", None):
+            return
+        self.stream.synchronize()
+        for k in self.p.params:
+            d = self.dev.get(("v", k))
+            if d is not None and k not in self.dirty:
+                np.copyto(self.p.val[k].reshape(-1), self.cupy.asnumpy(d))
 
     def host_array(self, key):
         p = self.p

@@ -14,14 +14,14 @@ from ..native.expr import RUNTIME_FUNCS
 
 _NATIVE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "native")
 _PATH = os.path.join(_NATIVE, "runtime_special.c")
-_VMATH = os.path.join(_NATIVE, "runtime_vmath.c")   # exp, tanh, log (VECTOR_MATH32), device functions there
+_VMATH = os.path.join(_NATIVE, "runtime_vmath.c")   # exp, tanh, log, erf (VECTOR_MATH32), device functions there
 DEVICE_FUNCS = frozenset({"tg_digamma", "tg_trigamma"})   # the runtime helpers a CUDA program can call
 assert DEVICE_FUNCS <= RUNTIME_FUNCS
 
 
 def needed(kernels):
-    """Whether any kernel text calls one of the special runtime functions (or the runtime's exp, tanh, log)."""
-    return any(re.search(r"\btg_((di|tri)gamma|exp|tanh|log)\(", k) for k in kernels)
+    """Whether any kernel text calls one of the special runtime functions (or the runtime's exp, tanh, log, erf)."""
+    return any(re.search(r"\btg_((di|tri)gamma|exp|tanh|log|erf)\(", k) for k in kernels)
 
 
 def source():

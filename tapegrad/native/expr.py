@@ -36,9 +36,9 @@ FUNCS = {**{f: (f, f + "f") for f in _LIBM}, "tg_digamma": ("tg_digamma",) * 2, 
 RUNTIME_FUNCS = frozenset(f for f in FUNCS if f.startswith("tg_"))
 # exp and tanh as the native runtime's (runtime_vmath.c): the C library's cannot be vectorised; a CUDA
 # program compiles the same file for the device, so both compute the same bits. A float32 program also
-# takes the runtime's log (float64 keeps the C library's: the runtime has no double log).
+# takes the runtime's log and erf (float64 keeps the C library's: the runtime has no double log or erf).
 VECTOR_MATH = {"exp": "tg_exp", "tanh": "tg_tanh"}
-VECTOR_MATH32 = {**VECTOR_MATH, "log": "tg_log"}
+VECTOR_MATH32 = {**VECTOR_MATH, "log": "tg_log", "erf": "tg_erf"}
 
 
 def tokens(src):

@@ -16,14 +16,14 @@ and backward, because each vectorised pass saves a round trip through memory. A 
 erf…) inside a fused loop makes it 1.4-1.8x slower: the call cannot vectorise and spills every live
 value around it, where unfused the call loop runs alone and the arithmetic loops stay vectorised. So an
 expression that calls libm is never fused; it runs alone between fused runs. exp and tanh are the
-runtime's own (runtime_vmath.c), arithmetic that vectorises, and fuse like the rest; so does log in a
-float32 program (the runtime's float log; a float64 log is the C library's).
+runtime's own (runtime_vmath.c), arithmetic that vectorises, and fuse like the rest; so do log and erf
+in a float32 program (the runtime's float ones; in float64 they are the C library's).
 """
 from .codegen import expr_of
 from .expr import VECTOR_MATH, VECTOR_MATH32, calls, names
 
 # functions that are vector code: single instructions (with -fno-math-errno), and the runtime's exp and
-# tanh (runtime_vmath.c; float32: log too), plain arithmetic the compiler widens like the rest of the loop
+# tanh (runtime_vmath.c; float32: log and erf too), plain arithmetic the compiler widens like the rest of the loop
 _VECTOR = {"sqrt", "fabs"} | set(VECTOR_MATH)
 _VECTOR32 = {"sqrt", "fabs"} | set(VECTOR_MATH32)
 

@@ -1,19 +1,19 @@
-/* exp, tanh and log that vectorise: the C library's are calls a loop cannot widen (16384 tanh took 275 us
- * against NumPy's 21 us), so the generated elementwise code calls these instead. Plain IEEE arithmetic
+/* exp, tanh, log and erf that vectorise: the C library's are calls a loop cannot widen (16384 tanh took 275
+ * us against NumPy's 21 us), so the generated elementwise code calls these instead. Plain IEEE arithmetic
  * and bit moves only, no table and no branch, so GCC and clang turn a loop of them into vector code,
  * and (compiled with -ffp-contract=off) every machine computes the same bits. Each precision has its
  * own: a float32 program evaluates in float, so a vector holds twice the lanes of a double one (16 on
  * AVX-512, 8 on AVX2) and the polynomials are half as long. Accuracy over sweeps of a million arguments
  * against the C library's long double functions (tests/test_native_vmath.py): float64 exp within 1 ulp
- * and tanh within 2.5 ulp; float32 exp within 1 ulp, tanh within 2.5 and log within 1 (NumPy's own float32
- * functions measured 2.3, 1.4 and 3.2 ulp on an AVX-512 CPU). Both sides stay inside the "libm" tier's 8
- * ulp of each other. float64 log stays the C library's (vectorised only in float32).
+ * and tanh within 2.5 ulp; float32 exp within 1 ulp, tanh within 2.5, log within 1 and erf within 2
+ * (NumPy's own float32 exp, tanh and log measured 2.3, 1.4 and 3.2 ulp on an AVX-512 CPU). Both sides
+ * stay inside the "libm" tier's 8 ulp of each other. float64 log and erf stay the C library's.
  *
  * exp(x) = 2^k · e^r with k = round(x / ln 2) and r = x − k·ln 2 in two parts (Cody and Waite: ln2_hi's
  * trailing zeros make k·ln2_hi exact over the whole range of k), |r| <= ln(2)/2, e^r − 1 by its Taylor
  * series (to r^13 in double, r^7 in float: the tails are below 2^-60 and 2^-27 of the result). 2^k is
  * built from k's bits in two halves, so results that are subnormal or overflow round once, as the true
- * value would. tanh and log are written below in the same terms. */
+ * value would. tanh, log and erf are written below in the same terms. */
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)   /* the device's copy (tapegrad/gpu/device_runtime.py) */
 #define TG_VFN static __device__ __forceinline__ __attribute__((unused))
 TG_VFN long long tg_vm_bits(double d) { return __double_as_longlong(d); }
@@ -236,6 +236,36 @@ TG_VFN float tg_log_f(float x)
     return tg_vm_self((xb > 0) & (xb < 0x7f800000), y, tg_vm_from_bitsf(special));
 }
 
+/* erf x in float: below |x| = 0.875, x + x·P(x²) with P ≈ erf(x)/x − 1 (degree 5 in x²); above,
+ * 1 − e^(−x²)·Q(1/x) with Q ≈ erfc(x)·e^(x²) (degree 7 in 1/x). Both fitted here by least squares on
+ * Chebyshev nodes weighted to relative error (experiments/fit_erf32.py), coefficients rounded to float.
+ * |x| is held at 4 (erf rounds to 1 from 3.92 on); the rounding of x² moves e^(−x²) by x²·2^-24 of itself,
+ * far below an ulp of the result there. Within 2 ulp of the exact erf (1.75 measured near the split). */
+TG_VFN float tg_erf_f(float x)
+{
+    int ab = tg_vm_bitsf(x) & 0x7fffffff;   /* |x| held at 4 (0x40800000; a NaN too: put back below) */
+    ab = ab > 0x40800000 ? 0x40800000 : ab;
+    float ax = tg_vm_from_bitsf(ab);
+    float z = ax * ax;
+    float p = -0.0006235156f;
+    p = p * z + 0.005038738f;
+    p = p * z - 0.026796306f;
+    p = p * z + 0.11282608f;
+    p = p * z - 0.3761257f;
+    p = p * z + 0.12837917f;
+    float u = 1.0f / ax;
+    float q = -0.018059714f;
+    q = q * u + 0.12146362f;
+    q = q * u - 0.3553478f;
+    q = q * u + 0.5765551f;
+    q = q * u - 0.5061267f;
+    q = q * u + 0.050995f;
+    q = q * u + 0.55775636f;
+    q = q * u + 0.00034773274f;
+    float r = tg_vm_self(ax < 0.875f, ax + ax * p, 1.0f - tg_exp_f(-z) * q);
+    return tg_vm_self(x == x, copysignf(r, x), x);
+}
+
 /* the generated code's names, for either `real` (the test on sizeof is folded at compile time) */
 TG_VFN real tg_sel(int c, real x, real y)   /* c ? x : y, both computed (expr.py prints ?: as this) */
 {
@@ -244,4 +274,5 @@ TG_VFN real tg_sel(int c, real x, real y)   /* c ? x : y, both computed (expr.py
 TG_VFN real tg_exp(real x) { return sizeof(real) == 4 ? (real)tg_exp_f((float)x) : (real)tg_exp_d((double)x); }
 TG_VFN real tg_tanh(real x) { return sizeof(real) == 4 ? (real)tg_tanh_f((float)x) : (real)tg_tanh_d((double)x); }
 TG_VFN real tg_log(real x) { return sizeof(real) == 4 ? (real)tg_log_f((float)x) : (real)log((double)x); }
+TG_VFN real tg_erf(real x) { return sizeof(real) == 4 ? (real)tg_erf_f((float)x) : (real)erf((double)x); }
 #undef TG_VFN

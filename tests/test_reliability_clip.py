@@ -107,6 +107,7 @@ def test_eager_adam_clips_one_nan_in_one_leaf_and_an_infinite_gradient_as_optax(
     assert_like_optax(eager_run(batches("inf"), tg.Adam(1e-2, clip=1.0)), want)
 
 
+@pytest.mark.matrix
 @pytest.mark.parametrize("backend", ["numpy", "native"])
 def test_programs_clip_a_non_finite_norm_as_optax(backend):
     for kind in ("nan", "inf"):

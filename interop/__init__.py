@@ -31,7 +31,8 @@ __tapegrad_interop__ = True
 
 from ._jax import jax, jnp  # noqa: E402
 from .dlpack import CopyWarning, cupy_to_jax, from_jax, jax_to_cupy, preallocation_advice, to_jax
-from .capture_jax import CaptureError, Captured, capture_jax, train_step, value_and_grad
+from .capture_jax import CaptureError, Captured, capture_jax
+from .train import TrainStep, ValueAndGrad, train_step, value_and_grad
 from .function import TransformError, jax_function
 from .oracle import (CheckGradsError, Divergence, GradientMismatchError, GradReport, Kink, Precision, TracingError,
                      UnsupportedPrimitiveError, assert_grads, check_grads)
@@ -40,7 +41,7 @@ from .program import (ProgramError, SGDState, episode_state, flatten_state, prog
                       program_inputs, unflatten_state)
 
 __all__ = ["jax", "jnp", "CopyWarning", "to_jax", "from_jax", "cupy_to_jax", "jax_to_cupy", "preallocation_advice",
-           "CaptureError", "Captured", "capture_jax", "value_and_grad", "train_step",
+           "CaptureError", "Captured", "capture_jax", "value_and_grad", "train_step", "TrainStep", "ValueAndGrad",
            "TransformError", "jax_function", "Divergence", "GradReport", "Kink", "Precision",
            "UnsupportedPrimitiveError", "TracingError", "GradientMismatchError", "CheckGradsError", "check_grads",
            "assert_grads",

@@ -34,8 +34,6 @@ from .expand import CaptureError
 from .oracle import TracingError
 from .oracle_replay import EXPAND, Literal, Plan, Replay, is_float, is_key
 from .oracle_rules import CONTROL_RULES, RULES, UnsupportedPrimitiveError, _flat, _max, _min, _out_shape, _reshape
-from . import optax_native
-from .program import program_call, program_episode
 
 # rules that read JAX's values of their operands or results as numbers, so a program would keep the
 # values of the capture's example: not capturable (the oracle, which checks one point, uses them)
@@ -475,6 +473,9 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
     data for it (integer labels, token ids, masks, keys, float batches), taken on every call. The
     program computes in the parameters' dtype (float32 or float64) unless ``dtype`` says otherwise.
 
+    Where ``fn`` calls a ``custom_jvp`` or ``custom_vjp`` function, the program follows its rule as
+    ``jax.grad`` does (``interop.expand``); ``check_grads``, the oracle, replays the rule's body instead.
+
     >>> import interop
     >>> from interop import jnp
     >>> cap = interop.capture_jax(lambda w, x, y: jnp.mean((x @ w - y) ** 2),
@@ -482,49 +483,63 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
     >>> len(cap.program.params), len(cap.program.consts)   # x, y (fed each call) and the mean's 1/n
     (1, 3)
     """
-    which = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    nargs = len(example_args)
-    for a in which:
-        if not -nargs <= a < nargs:
-            raise CaptureError(f"capture_jax: argnums {argnums!r} is out of range for {nargs} positional arguments")
-    which = tuple(a % nargs for a in which)
-    leaves_p, tree = jax.tree_util.tree_flatten_with_path(example_args)
-    leaves = []
-    for path, x in leaves_p:
-        try:
-            leaves.append(x if isinstance(x, jax.Array) else jnp.asarray(x))
-        except TypeError:
-            raise CaptureError(f"capture_jax: argument leaf {jax.tree_util.keystr(path)} is a "
-                               f"{type(x).__name__}, not an array; pass a module's arrays and close over the rest "
-                               f"(equinox: arrays, static = eqx.partition(model, eqx.is_array), and "
-                               f"eqx.combine(arrays, static) inside fn)") from None
-    arg_of = [path[0].idx for path, _ in leaves_p]
-    diff = [i for i, x in enumerate(leaves) if arg_of[i] in which and is_float(jax.typeof(x))]
-    if not diff:
-        raise CaptureError(f"capture_jax: no float leaf to differentiate in arguments {which}")
-    for i, x in enumerate(leaves):
-        if arg_of[i] in which and not is_float(jax.typeof(x)):
-            raise CaptureError(f"capture_jax: leaf {jax.tree_util.keystr(leaves_p[i][0])} of a differentiated "
-                               f"argument is {jax.typeof(x).str_short()}: as for jax.grad, differentiated "
-                               f"arguments hold floats only (pass integers and masks as other arguments)")
-    dts = {np.dtype(jax.typeof(leaves[i]).dtype) for i in diff}
-    dt = np.dtype(dtype) if dtype is not None else (np.dtype(np.float64) if np.dtype(np.float64) in dts
-                                                    else np.dtype(np.float32))
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise CaptureError(f"capture_jax: the program's dtype must be float32 or float64, got {dt}")
+    which = _argnums(argnums, len(example_args), "capture_jax")
+    leaves_p, tree = _flatten_args("capture_jax", example_args)
 
     def flat(*xs):
         return fn(*jax.tree.unflatten(tree, list(xs)))
     try:
-        closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*leaves)
+        closed, out_shape = jax.make_jaxpr(flat, return_shape=True)(*[x for _, x in leaves_p])
     except jax.errors.ConcretizationTypeError as e:
         raise TracingError(f"capture_jax traces fn as jax.jit does, so Python control flow on traced values "
                            f"cannot run; JAX said: {str(e).splitlines()[0]}") from e
-    value_shape = out_shape[0] if has_aux else out_shape
+    return _capture(fn, closed, out_shape, leaves_p, tree, which, len(example_args), has_aux, backend, dtype)
+
+
+def _argnums(argnums, nargs, who):
+    """``argnums`` as a tuple of non-negative positions, checked against ``nargs`` positional arguments."""
+    which = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    for a in which:
+        if not isinstance(a, (int, np.integer)) or not -nargs <= a < nargs:
+            raise CaptureError(f"{who}: argnums {argnums!r} is out of range for {nargs} positional arguments")
+    return tuple(int(a) % nargs for a in which)
+
+
+def _flatten_args(who, args):
+    """``(leaves with paths, tree)`` of ``args``, every leaf an array (a CaptureError naming the leaf otherwise)."""
+    leaves_p, tree = jax.tree_util.tree_flatten_with_path(args)
+    out = []
+    for path, x in leaves_p:
+        try:
+            out.append((path, x if isinstance(x, (jax.Array, jax.core.Tracer)) else jnp.asarray(x)))
+        except TypeError:
+            raise CaptureError(f"{who}: argument leaf {jax.tree_util.keystr(path)} is a "
+                               f"{type(x).__name__}, not an array; pass a module's arrays and close over the rest "
+                               f"(equinox: arrays, static = eqx.partition(model, eqx.is_array), and "
+                               f"eqx.combine(arrays, static) inside fn)") from None
+    return out, tree
+
+
+def _capture(fn, closed, out_shape, leaves_p, tree, which, nargs, has_aux, backend, dtype, who="capture_jax"):
+    """``closed`` (fn's jaxpr over the leaves ``leaves_p`` of its arguments) captured as a program."""
+    leaves = [x for _, x in leaves_p]
+    arg_of = [path[0].idx for path, _ in leaves_p]
+    diff = [i for i, x in enumerate(leaves) if arg_of[i] in which and is_float(jax.typeof(x))]
+    if not diff:
+        raise CaptureError(f"{who}: no float leaf to differentiate in arguments {which}")
+    for i, x in enumerate(leaves):
+        if arg_of[i] in which and not is_float(jax.typeof(x)):
+            raise CaptureError(f"{who}: leaf {jax.tree_util.keystr(leaves_p[i][0])} of a differentiated "
+                               f"argument is {jax.typeof(x).str_short()}: as for jax.grad, differentiated "
+                               f"arguments hold floats only (pass integers and masks as other arguments)")
+    dt = _program_dtype(who, dtype, [(jax.tree_util.keystr(leaves_p[i][0]), jax.typeof(leaves[i]).dtype)
+                                     for i in diff])
     if has_aux and not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
-        raise CaptureError("capture_jax: has_aux=True needs fn to return a pair (value, aux)")
+        raise CaptureError(f"{who}: has_aux=True needs fn to return a pair (value, aux), got "
+                           f"{jax.tree.structure(out_shape)}")
+    value_shape = out_shape[0] if has_aux else out_shape
     if not hasattr(value_shape, "shape") or value_shape.shape != () or np.dtype(value_shape.dtype).kind != "f":
-        raise CaptureError(f"capture_jax: fn must return one float scalar, got {value_shape}"
+        raise CaptureError(f"{who}: fn must return one float scalar, got {jax.tree.map(_short, value_shape)}"
                            + ("" if has_aux else "; pass has_aux=True if fn returns (value, aux)"))
     tape = tg.Tape(dtype=dt, sources=False)
     params = {i: tape.param(np.asarray(leaves[i], dt), name=jax.tree_util.keystr(leaves_p[i][0])) for i in diff}
@@ -535,17 +550,17 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
         jenv = plan.values(leaves)
         outs = r.run(plan, tenv, jenv, top=True)
     if r.unsupported:
-        raise UnsupportedPrimitiveError("capture_jax: " + ", ".join(
+        raise UnsupportedPrimitiveError(f"{who}: " + ", ".join(
             f"{n}" + (f" ({why})" if why else "") for n, why in r.unsupported.items()))
     if r.coarsest is not None and jnp.finfo(r.coarsest[0].dtype).eps > np.finfo(dt).eps:
         low, eqn_text, index, where = r.coarsest
         low = low.dtype
-        raise CaptureError(f"capture_jax: equation {index} ({eqn_text}){' in ' + where if where else ''} computes "
+        raise CaptureError(f"{who}: equation {index} ({eqn_text}){' in ' + where if where else ''} computes "
                            f"in {low}, which the program would compute in {dt} (a silent upgrade); cast to "
                            f"{dt} before it, or train this function with jax.jit")
     loss = outs[0]
     if not isinstance(loss, tg.Var):
-        raise CaptureError("capture_jax: fn's value does not depend on the differentiated arguments")
+        raise CaptureError(f"{who}: fn's value does not depend on the differentiated arguments")
     prog = tg.capture(tape, loss, backend=backend, dtype=str(dt))
     # the program's operands, in its registration order: each const is a fed slot or a constant, each data
     # slot a derived feed or a constant
@@ -572,6 +587,34 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
     return cap
 
 
+def _short(x):
+    return x.str_short() if hasattr(x, "str_short") else jax.typeof(x).str_short() if hasattr(x, "shape") else x
+
+
+def _program_dtype(who, dtype, params):
+    """The program's dtype: ``dtype``, or the parameters' one (float32 or float64, not a mixture)."""
+    if dtype is not None:
+        dt = np.dtype(dtype)
+        if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise CaptureError(f"{who}: dtype must be float32 or float64, got {dt}")
+        return dt
+    kinds = {}
+    for name, d in params:
+        kinds.setdefault(np.dtype(d), []).append(name)
+    low = [d for d in kinds if d not in (np.dtype(np.float32), np.dtype(np.float64))]
+    if low:
+        names = ", ".join(kinds[low[0]][:3])
+        raise CaptureError(f"{who}: the parameters {names} are {low[0]}; a tapegrad program computes in float32 "
+                           f"or float64. Keep parameters in float32 (mixed precision casts them to "
+                           f"{low[0]} inside fn, which the capture follows or refuses by name)")
+    if len(kinds) > 1:
+        f32, f64 = kinds[np.dtype(np.float32)], kinds[np.dtype(np.float64)]
+        raise CaptureError(f"{who}: the parameters mix float32 ({', '.join(f32[:3])}) and float64 "
+                           f"({', '.join(f64[:3])}); a program computes in one dtype: cast them to one, e.g. "
+                           f"jax.tree.map(lambda p: p.astype(jnp.float32), params)")
+    return next(iter(kinds))
+
+
 @contextlib.contextmanager
 def _expanding():
     """Plans built and replayed inside record derivative rules as JAX follows them (``interop.expand``)."""
@@ -581,229 +624,3 @@ def _expanding():
         yield
     finally:
         EXPAND[0] = saved
-
-
-def _grads_like(cap, grads):
-    """Gradients shaped as ``jax.grad``'s for ``argnums``: one pytree per differentiated argument."""
-    full = [None] * cap.tree.num_leaves
-    for i, g in zip(cap.diff, grads):
-        full[i] = g
-    args = jax.tree.unflatten(cap.tree, full)
-    return args[cap.argnums] if isinstance(cap.argnums, int) else tuple(args[a] for a in cap.argnums)
-
-
-def value_and_grad(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, Sequence[int]] = 0,
-                   has_aux: bool = False, backend: str = "native") -> Callable[..., Any]:
-    """A drop-in for ``jax.value_and_grad(fn, argnums, has_aux)`` whose forward and backward run as one
-    custom call of ``fn``'s captured program (``capture_jax`` at ``example_args``).
-
-    Jittable, ``vmap``-able and usable under ``shard_map`` (``program_call``'s rules); integer and bool
-    leaves are operands of every call. The arguments must keep the example's structure, shapes and dtypes.
-
-    >>> import interop
-    >>> from interop import jax, jnp
-    >>> loss = lambda w, x, y: jnp.mean((x @ w - y) ** 2)
-    >>> vg = interop.value_and_grad(loss, jnp.ones(3), jnp.eye(3), jnp.arange(3.0), backend="numpy")
-    >>> v, g = jax.jit(vg)(jnp.zeros(3), jnp.eye(3), jnp.ones(3))
-    >>> float(v), [round(float(a), 6) for a in g]
-    (1.0, [-0.666667, -0.666667, -0.666667])
-    """
-    _host_backend("value_and_grad", backend)
-    cap = capture_jax(fn, *example_args, argnums=argnums, has_aux=has_aux, backend=backend)
-    call = program_call(cap.program, data=True)
-    cap.argnums = argnums
-
-    def vg(*args):
-        params, inputs, data, aux = cap.operands(*args)
-        value, grads = jax.value_and_grad(lambda ps: call(*ps, *inputs, *data))(list(params))
-        grads = _grads_like(cap, grads)
-        if has_aux:
-            return (value, jax.tree.unflatten(cap.aux_tree, aux)), grads
-        return value, grads
-
-    vg.captured = cap
-    return vg
-
-
-def train_step(fn: Callable[..., Any], params: Any, *example_batch: Any, optimizer: Any,
-               backend: str = "native", native_update: Optional[bool] = None) -> tuple[Callable[..., Any], Any]:
-    """``(step, state)`` for training ``fn(params, *batch) -> loss`` with an optax optimizer.
-
-    ``step(state, *batch) -> (loss, state)`` is jitted with the state donated; ``state = (params,
-    opt_state)`` and ``opt_state`` is exactly ``optimizer.init(params)``'s (structure, dtypes, values), so
-    training can switch to plain optax (or back) at any step. ``state`` holds copies of ``params`` (the
-    step donates its state; the caller's arrays stay valid).
-
-    Where the optimizer has a native form — ``optax.adam``, ``optax.adamw`` (with a mask),
-    ``optax.sgd`` (momentum, Nesterov), each with a constant or an optax schedule as the learning rate
-    and ``clip_by_global_norm`` chained before — the whole step (forward, backward, the update) is one
-    custom call of the captured program with the optimizer attached, the state updated in place; the
-    schedule is evaluated by JAX each step. Anything else runs the forward and backward as one custom
-    call (``value_and_grad``) and ``optimizer.update`` itself in XLA. ``native_update``: None (the native
-    step where there is one), True (raise ``CaptureError`` saying why there is none), False (always XLA).
-    ``step.native_update`` says which runs, ``step.why`` why not.
-
-    ``step.scan(state, *batches) -> (state, losses)`` is ``jax.lax.scan(step, state, batches)`` (every
-    batch leaf stacked on a leading axis of K steps) with the same results; the native step runs all K
-    steps in one custom call, which saves XLA's per-step dispatch (most of a tiny model's step).
-
-    Before the native step is used, three
-    steps of it are checked against optax's own update from the same state: if they differ by more than
-    rounding, the XLA form runs (and ``step.why`` says so).
-    """
-    _host_backend("train_step", backend)
-    step, why = None, "native_update=False"
-    if native_update is not False:
-        try:
-            step = _native_step(fn, params, example_batch, optimizer, backend, optax_native.read(optimizer))
-            why = None
-        except optax_native.Unreadable as e:
-            why = str(e)
-            if native_update:
-                raise CaptureError(f"train_step: native_update=True, but the optimizer has no native step: "
-                                   f"{why}") from None
-    if step is None:
-        step = _xla_step(fn, params, example_batch, optimizer, backend)
-    step.native_update, step.why = why is None, why
-    init = jax.tree.map(jnp.array, params)   # copies: the first step donates them, the caller's stay alive
-    return step, (init, optimizer.init(init))
-
-
-def _host_backend(who, backend):
-    if backend == "cupy":
-        raise CaptureError(f"{who}: backend='cupy' is not a backend of this call: its custom call runs on the CPU "
-                           f"(backend='native' or 'numpy'). For the GPU, interop.capture_jax(fn, ..., "
-                           f"backend='cupy') gives the CuPy Program of the same function")
-
-
-def _xla_step(fn, params, example_batch, optimizer, backend):
-    import optax
-    vg = value_and_grad(fn, params, *example_batch, argnums=0, backend=backend)
-
-    def step(state, *batch):
-        p, opt_state = state
-        loss, grads = vg(p, *batch)
-        updates, opt_state = optimizer.update(grads, opt_state, p)
-        return loss, (optax.apply_updates(p, updates), opt_state)
-
-    def scan(state, *batches):
-        _steps_of(batches)
-        return jax.lax.scan(lambda s, b: step(s, *b)[::-1], state, batches)
-
-    jitted = jax.jit(step, donate_argnums=0)
-    jitted.scan = jax.jit(scan, donate_argnums=0)
-    jitted.captured = vg.captured
-    return jitted
-
-
-def _native_step(fn, params, example_batch, optimizer, backend, spec):
-    """The whole step as the captured program's episode, on optax's state."""
-    import optax
-    cap = capture_jax(fn, params, *example_batch, argnums=0, backend=backend)
-    prog = cap.program
-    opt = spec.make(tg)
-    for var, decay in zip(cap.param_vars, spec.decays(params)):
-        opt.add(cap.tape, var, wd=None if decay else 0.0)
-    prog.attach(opt)
-    episode = program_episode(prog, data=True, lr=spec.schedule is not None).positional
-    counted = (optax.ScaleByAdamState, optax.TraceState, optax.ScaleByScheduleState)
-    is_node = lambda x: isinstance(x, counted)   # noqa: E731
-    dt = prog.dtype
-
-    def run(state, batch, steps):
-        p, opt_state = state
-        leaves, ptree = jax.tree.flatten(p)
-        nodes = [x for x in jax.tree.leaves(opt_state, is_leaf=is_node) if is_node(x)]
-        adam = next((x for x in nodes if isinstance(x, optax.ScaleByAdamState)), None)
-        trace = next((x for x in nodes if isinstance(x, optax.TraceState)), None)
-        sched = next((x for x in nodes if isinstance(x, optax.ScaleByScheduleState)), None)
-        moments = ([a for pair in zip(jax.tree.leaves(adam.mu), jax.tree.leaves(adam.nu)) for a in pair] if adam
-                   else jax.tree.leaves(trace.trace) if trace is not None and spec.momentum else [])
-        count = adam.count if adam is not None else jnp.zeros((), jnp.int32)
-        if steps is None:
-            lr = None if sched is None else -jnp.asarray(spec.schedule(sched.count), dt)
-            ops, inputs, data, _ = cap.operands(p, *batch)
-        else:   # one block per step: the schedule at each step's count, each batch's inputs and data
-            lr = None if sched is None else -jnp.asarray(jax.vmap(spec.schedule)(
-                sched.count + jnp.arange(steps, dtype=sched.count.dtype)), dt)
-            ops = cap.params(p, *jax.tree.map(lambda b: b[0], batch))
-            inputs, data = jax.vmap(lambda *b: cap.operands(p, *b)[1:3])(*batch)
-        loss, new_p, new_m, _ = episode(ops, [jnp.asarray(m, dt) for m in moments], count, inputs, data, lr,
-                                        steps=steps)
-        new_p = list(new_p)
-
-        def renew(x):
-            if isinstance(x, optax.ScaleByAdamState):
-                tree = jax.tree.structure(x.mu)
-                return x._replace(count=_advance(x.count, steps), mu=jax.tree.unflatten(tree, new_m[0::2]),
-                                  nu=jax.tree.unflatten(tree, new_m[1::2]))
-            if isinstance(x, optax.TraceState):
-                return x._replace(trace=jax.tree.unflatten(jax.tree.structure(x.trace), list(new_m)))
-            if isinstance(x, optax.ScaleByScheduleState):
-                return x._replace(count=_advance(x.count, steps))
-            return x
-        for i, k in enumerate(cap.diff):
-            leaves[k] = new_p[i]
-        return loss, (jax.tree.unflatten(ptree, leaves), jax.tree.map(renew, opt_state, is_leaf=is_node))
-
-    def scan(state, *batches):
-        """``jax.lax.scan(step, state, batches)`` as one custom call: ``(state, losses)``."""
-        steps = _steps_of(batches)
-        losses, state = run(state, batches, steps)
-        return state, losses
-
-    step = jax.jit(lambda state, *batch: run(state, batch, None), donate_argnums=0)
-    step.scan = jax.jit(scan, donate_argnums=0)
-    step.captured = cap
-    _check(step, fn, params, example_batch, optimizer, dt)
-    return step
-
-
-def _advance(count, steps):
-    """optax.safe_increment applied ``steps`` times (None: once)."""
-    import optax
-    if steps is None:
-        return optax.safe_increment(count)
-    top = jnp.iinfo(count.dtype).max
-    return jnp.where(count <= top - steps, count + steps, top).astype(count.dtype)
-
-
-def _steps_of(batches):
-    """The number of steps K in stacked batches (every leaf's leading axis), or a CaptureError."""
-    leaves = jax.tree.leaves(batches)
-    sizes = {tuple(jnp.shape(x))[:1] for x in leaves}
-    if not leaves or len(sizes) != 1 or sizes == {()}:
-        raise CaptureError(f"step.scan: every batch leaf must hold one batch per step on a shared leading axis, "
-                           f"got shapes {[tuple(jnp.shape(x)) for x in leaves]}")
-    return sizes.pop()[0]
-
-
-def _check(step, fn, params, batch, optimizer, dt, steps=3):
-    """Three native steps against optax's own from the same state: same structure, dtypes, and values
-    within rounding (the gradients agree to rounding; Adam divides them by their own size)."""
-    import optax
-    ours = (jax.tree.map(jnp.array, params), optimizer.init(params))
-    theirs = (jax.tree.map(jnp.array, params), optimizer.init(params))
-
-    @jax.jit
-    def reference(state):
-        p, s = state
-        g = jax.grad(fn)(p, *batch)
-        u, s = optimizer.update(g, s, p)
-        return optax.apply_updates(p, u), s
-    for _ in range(steps):
-        _, ours = step(ours, *batch)
-        theirs = reference(theirs)
-    if jax.tree.structure(ours) != jax.tree.structure(theirs):
-        raise optax_native.Unreadable(f"the native step's state {jax.tree.structure(ours)} is not optax's "
-                         f"{jax.tree.structure(theirs)}")
-    tol = float(np.sqrt(np.finfo(dt).eps))
-    paths = jax.tree_util.tree_flatten_with_path(theirs)[0]
-    for (path, want), got in zip(paths, jax.tree.leaves(ours)):
-        want, got = np.asarray(want), np.asarray(got)
-        scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
-        if got.dtype != want.dtype or not np.allclose(got, want, rtol=tol, atol=tol * scale):
-            raise optax_native.Unreadable(f"after {steps} steps the native update's state{jax.tree_util.keystr(path)} "
-                             f"({got.dtype}) differs from optax's ({want.dtype}) by "
-                             f"{float(np.max(np.abs(got - want))):.3g} (bound {tol:.3g} relative): the optimizer "
-                             f"was misread (please report it)")

@@ -292,7 +292,8 @@ def test_step_scan_names_batches_without_a_shared_step_axis():
     x, y = jnp.asarray(rng.standard_normal((5, 6))), jnp.asarray(rng.integers(0, 4, 5))
     step, state = interop.train_step(mlp_loss, w, x, y, optimizer=optax.adam(1e-2))
     with pytest.raises(CaptureError, match=r"step.scan: every batch leaf must hold one batch per step on a shared "
-                                           r"leading axis, got shapes \[\(3, 5, 6\), \(4, 5\)\]"):
+                                           r"leading axis of K steps \(as lax.scan takes them: stack K batches with jnp.stack\), got "
+                                           r"shapes \[\(3, 5, 6\), \(4, 5\)\]"):
         step.scan(state, jnp.stack([x] * 3), jnp.stack([y] * 4))
     loss, state = step(state, x, y)   # the state was not consumed by the refused call
     assert np.isfinite(float(loss))
@@ -385,8 +386,11 @@ def test_what_cannot_be_captured_is_named():
     with pytest.raises(CaptureError, match="no float leaf"):
         interop.capture_jax(lambda n: jnp.sum(n * 1.0), jnp.arange(3), backend="numpy")
     vg = interop.value_and_grad(lambda w, x: jnp.sum(w * x), w, w, backend="numpy")
+    with pytest.raises(TypeError, match=r"incompatible shapes for broadcasting: \(3,\), \(4,\)"):
+        vg(w, jnp.ones(4))       # a new signature is traced again, and JAX says what jax.value_and_grad says
+    cap = interop.capture_jax(lambda w, x: jnp.sum(w * x), w, w, backend="numpy")
     with pytest.raises(CaptureError, match=r"argument leaf 1 must be float64\[3\] \(as captured\), got float64\[4\]"):
-        vg(w, jnp.ones(4))
+        cap.operands(w, jnp.ones(4))
 
 
 @pytest.mark.parametrize("name", ["eigh", "svd", "qr"])

@@ -532,8 +532,6 @@ def _capture(fn, closed, out_shape, leaves_p, tree, which, nargs, has_aux, backe
             raise CaptureError(f"{who}: leaf {jax.tree_util.keystr(leaves_p[i][0])} of a differentiated "
                                f"argument is {jax.typeof(x).str_short()}: as for jax.grad, differentiated "
                                f"arguments hold floats only (pass integers and masks as other arguments)")
-    dt = _program_dtype(who, dtype, [(jax.tree_util.keystr(leaves_p[i][0]), jax.typeof(leaves[i]).dtype)
-                                     for i in diff])
     if has_aux and not (isinstance(out_shape, (tuple, list)) and len(out_shape) == 2):
         raise CaptureError(f"{who}: has_aux=True needs fn to return a pair (value, aux), got "
                            f"{jax.tree.structure(out_shape)}")
@@ -541,10 +539,12 @@ def _capture(fn, closed, out_shape, leaves_p, tree, which, nargs, has_aux, backe
     if not hasattr(value_shape, "shape") or value_shape.shape != () or np.dtype(value_shape.dtype).kind != "f":
         raise CaptureError(f"{who}: fn must return one float scalar, got {jax.tree.map(_short, value_shape)}"
                            + ("" if has_aux else "; pass has_aux=True if fn returns (value, aux)"))
-    tape = tg.Tape(dtype=dt, sources=False)
-    params = {i: tape.param(np.asarray(leaves[i], dt), name=jax.tree_util.keystr(leaves_p[i][0])) for i in diff}
     with _expanding(), np.errstate(all="ignore"):
         plan = Plan(closed)
+        dt = _program_dtype(who, dtype, [(jax.tree_util.keystr(leaves_p[i][0]), jax.typeof(leaves[i]).dtype)
+                                         for i in diff], _computed_dtypes(plan, [plan.in_slots[i] for i in diff]))
+        tape = tg.Tape(dtype=dt, sources=False)
+        params = {i: tape.param(np.asarray(leaves[i], dt), name=jax.tree_util.keystr(leaves_p[i][0])) for i in diff}
         tenv = {plan.in_slots[i]: v for i, v in params.items()}
         r = _Capture(tape, plan)
         jenv = plan.values(leaves)
@@ -591,28 +591,30 @@ def _short(x):
     return x.str_short() if hasattr(x, "str_short") else jax.typeof(x).str_short() if hasattr(x, "shape") else x
 
 
-def _program_dtype(who, dtype, params):
-    """The program's dtype: ``dtype``, or the parameters' one (float32 or float64, not a mixture)."""
+def _computed_dtypes(plan, seeds):
+    """The float dtypes of the plan's values that depend on ``seeds`` (the differentiated leaves)."""
+    dep = _depends(plan, seeds)
+    return {np.dtype(v.aval.dtype) for st in plan.steps for s, v in zip(st.outs, st.eqn.outvars)
+            if s in dep and is_float(v.aval)}
+
+
+def _program_dtype(who, dtype, params, computed):
+    """The program's dtype: ``dtype``, else float64 where the parameters or what is computed from them are
+    float64 (float32 parameters are then cast up on the way in and their gradients down, as JAX's
+    convert_element_type and its transpose do), else float32."""
     if dtype is not None:
         dt = np.dtype(dtype)
         if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise CaptureError(f"{who}: dtype must be float32 or float64, got {dt}")
         return dt
-    kinds = {}
-    for name, d in params:
-        kinds.setdefault(np.dtype(d), []).append(name)
-    low = [d for d in kinds if d not in (np.dtype(np.float32), np.dtype(np.float64))]
+    low = [(name, np.dtype(d)) for name, d in params if np.dtype(d) not in (np.dtype(np.float32), np.dtype(np.float64))]
     if low:
-        names = ", ".join(kinds[low[0]][:3])
-        raise CaptureError(f"{who}: the parameters {names} are {low[0]}; a tapegrad program computes in float32 "
-                           f"or float64. Keep parameters in float32 (mixed precision casts them to "
-                           f"{low[0]} inside fn, which the capture follows or refuses by name)")
-    if len(kinds) > 1:
-        f32, f64 = kinds[np.dtype(np.float32)], kinds[np.dtype(np.float64)]
-        raise CaptureError(f"{who}: the parameters mix float32 ({', '.join(f32[:3])}) and float64 "
-                           f"({', '.join(f64[:3])}); a program computes in one dtype: cast them to one, e.g. "
-                           f"jax.tree.map(lambda p: p.astype(jnp.float32), params)")
-    return next(iter(kinds))
+        names = ", ".join(name for name, d in low[:3])
+        raise CaptureError(f"{who}: the parameters {names} are {low[0][1]}; a tapegrad program computes in "
+                           f"float32 or float64. Keep parameters in float32 (mixed precision casts them to "
+                           f"{low[0][1]} inside fn)")
+    f64 = np.dtype(np.float64)
+    return f64 if f64 in computed or any(np.dtype(d) == f64 for _, d in params) else np.dtype(np.float32)
 
 
 @contextlib.contextmanager

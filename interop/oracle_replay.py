@@ -23,6 +23,10 @@ from ._jax import CPU_FUSION_EMITTERS_SWITCH, align_varying, jax, jnp
 import jax.extend.core as _core  # noqa: E402
 
 CONTROL = ("scan", "while", "cond")
+# primitives that move, select or pass values without rounding them: a lower precision there is no computation in it
+MOVES = frozenset({"reshape", "broadcast_in_dim", "transpose", "squeeze", "expand_dims", "slice", "dynamic_slice",
+                   "dynamic_update_slice", "concatenate", "pad", "rev", "gather", "select_n", "copy", "copy_p",
+                   "stop_gradient", "tapegrad_with_grad", "optimization_barrier"})
 NOT_CALLS = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul", "scatter_mul", "scatter-min",
                        "scatter-max", "scatter_min", "scatter_max", "reduce", "reduce_window", "sort",
                        "custom_linear_solve", "select_and_scatter", "select_and_gather_add", "argsort"})
@@ -635,7 +639,7 @@ class Replay:
                 if e:
                     prec[s] = e
                     low = _eps(v.aval)
-                    if low and (self.lowp is None or low > _eps(self.coarsest[0])):
+                    if low and name not in MOVES and (self.coarsest is None or low > _eps(self.coarsest[0])):
                         self.coarsest = (v.aval, summary(eqn), index, self.path())
                     if self.lowp is None and low:
                         self.lowp = (np.dtype(v.aval.dtype), summary(eqn), index, self.path())

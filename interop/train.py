@@ -52,7 +52,7 @@ class ValueAndGrad:
     """``jax.value_and_grad(fn, argnums, has_aux)`` run as captured programs: see ``value_and_grad``.
 
     Attributes:
-        captured: the ``Captured`` of the latest call's signature (None before the first).
+        captured: the ``Captured`` of the latest signature traced (None before the first).
         captures: how many signatures were captured so far.
     """
 
@@ -73,8 +73,9 @@ class ValueAndGrad:
     def __call__(self, *args: Any) -> Any:
         cap, full = self._sigs.lookup(args)
         params, inputs, data, aux = cap.operands(*full)
-        call = _call_of(cap)
-        value, grads = jax.value_and_grad(lambda ps: call(*ps, *inputs, *data))(list(params))
+        call, dt = _call_of(cap), cap.program.dtype
+        # a parameter of a lower dtype than the program's is cast up, and its gradient down, as JAX casts
+        value, grads = jax.value_and_grad(lambda ps: call(*(p.astype(dt) for p in ps), *inputs, *data))(list(params))
         grads = _grads_like(cap, grads, self.argnums)
         if self.has_aux:
             return (value, jax.tree.unflatten(cap.aux_tree, aux)), grads
@@ -143,7 +144,7 @@ class TrainStep(Generic[State]):
 
     @property
     def captured(self) -> Optional[Captured]:
-        """The ``Captured`` of the latest signature the step ran at."""
+        """The ``Captured`` of the latest signature traced (a jitted step traces once per signature)."""
         return self._sigs.last
 
     def __call__(self, state: State, *batch: Any) -> tuple[Any, State]:
@@ -218,6 +219,11 @@ def train_step(fn: Callable[..., Any], params: Any, *example_batch: Any, optimiz
             raise CaptureError(f"train_step: native_update=True with axis_name={axis_name!r}: {why}")
     elif native_update is not False:
         try:
+            dt = sigs.last.program.dtype
+            low = sorted({str(x.dtype) for x in jax.tree.leaves(params) if np.dtype(x.dtype) != dt})
+            if low:
+                raise optax_native.Unreadable(f"the parameters hold {', '.join(low)} leaves where the program "
+                                              f"computes in {dt} (what fn computes from them is {dt})")
             step = _native_step(fn, sigs, params, example_batch, optimizer, optax_native.read(optimizer), has_aux)
             why = None
         except optax_native.Unreadable as e:

@@ -167,8 +167,12 @@ def xent_d(n):
 
 
 def slice_da(n):
-    """zeros, then g placed in the window."""
+    """zeros, then g placed in the window; a later contribution adds g into the window of the gradient
+    itself (the tape adds a whole array of zeros around it: x + 0 is x, but for the sign of a zero, which
+    the tiers count equal), not a zeroed scratch of the input's size added element by element."""
     off, st = window(n)
+    if not n.first:
+        return n.em.scatter(f"g{n.j} + {off}L", st, n.G, n.osh, False), True
     return [f"tg_fill({n.dst}, {math.prod(n.ash)}L, {n.d.lit(0.0)});"] + \
         n.em.scatter(f"{n.dst} + {off}L", st, n.G, n.osh, True), False
 

@@ -550,8 +550,7 @@ def _capture(fn, closed, out_shape, leaves_p, tree, which, nargs, has_aux, backe
         jenv = plan.values(leaves)
         outs = r.run(plan, tenv, jenv, top=True)
     if r.unsupported:
-        raise UnsupportedPrimitiveError(f"{who}: " + ", ".join(
-            f"{n}" + (f" ({why})" if why else "") for n, why in r.unsupported.items()))
+        raise UnsupportedPrimitiveError(_unsupported(who, r))
     if r.coarsest is not None and jnp.finfo(r.coarsest[0].dtype).eps > np.finfo(dt).eps:
         low, eqn_text, index, where = r.coarsest
         low = low.dtype
@@ -589,6 +588,42 @@ def _capture(fn, closed, out_shape, leaves_p, tree, which, nargs, has_aux, backe
 
 def _short(x):
     return x.str_short() if hasattr(x, "str_short") else jax.typeof(x).str_short() if hasattr(x, "shape") else x
+
+
+# What to write instead, per primitive a capture has no rule for. A program keeps no value of the example,
+# so the oracle's rules that take JAX's value of a result (eigh, svd, sorting…) are not capture rules.
+_TAKES_VALUE = ("the oracle takes JAX's value of it at one point, which a program would keep for every "
+                "later call")
+ADVICE = {
+    "sort": "sorting values the parameters move would freeze the example's order; sort outside fn (on data) or "
+            "train this function with jax.jit",
+    "pow": "a power with a traced exponent: write jnp.exp(y * jnp.log(x)) for positive x, or make the exponent "
+           "a Python number (x ** 3 is integer_pow, which is captured)",
+    "cbrt": "write jnp.sign(x) * jnp.exp(jnp.log(jnp.abs(x)) / 3) away from 0",
+    "rem": "x % y of values on the tape: write x - y * jnp.floor(x / y) (the floor has no gradient, as here)",
+    "custom_linear_solve": "an iterative solver (jax.scipy.sparse.linalg): solve with jnp.linalg.solve, or train "
+                           "this function with jax.jit",
+}
+for _p in ("argsort", "top_k"):
+    ADVICE[_p] = ADVICE["sort"]
+for _p in ("eigh", "qr", "svd", "lu", "erf_inv", "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac"):
+    ADVICE[_p] = _TAKES_VALUE + "; train this function with jax.jit (interop.check_grads still checks it)"
+for _p in ("scatter-mul", "scatter_mul", "scatter-min", "scatter-max", "scatter_min", "scatter_max"):
+    ADVICE[_p] = "a scatter that multiplies or takes extremes reads the example's values; use .at[].add, or train " \
+                 "this function with jax.jit"
+
+
+def _unsupported(who, r):
+    """The refusal of primitives with no capture rule: each one's first equation, why, and what to write."""
+    parts = []
+    for name, why in r.unsupported.items():
+        index, text, where = r.unsupported_at.get(name, (None, "", ""))
+        at = f"equation {index} ({text}){' in ' + where if where else ''}" if index is not None else name
+        reason = ADVICE.get(name) or (f"tapegrad lacks {', '.join(why)}" if isinstance(why, list) and why else
+                                      str(why) if why else "the capture has no rule for it; train this function "
+                                      "with jax.jit (interop.check_grads still checks it where it can)")
+        parts.append(f"{at} uses {name}: {reason}")
+    return f"{who}: " + "; ".join(parts)
 
 
 def _computed_dtypes(plan, seeds):

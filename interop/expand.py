@@ -148,7 +148,8 @@ def expands(eqn):
     """Whether the capture replaces ``eqn`` by its expansion (a rule of float values: one that takes or
     gives none has no derivative to follow)."""
     return (eqn.primitive.name in CUSTOM_CALLS or eqn.primitive.name in BY_JVP) \
-        and any(is_float(v.aval) for v in eqn.invars) and any(is_float(v.aval) for v in eqn.outvars)
+        and any(is_float(v.aval) and not isinstance(v, Literal) for v in eqn.invars) \
+        and any(is_float(v.aval) for v in eqn.outvars)
 
 
 def expansion(eqn):
@@ -169,18 +170,25 @@ def _what(eqn):
 
 
 def _trace(eqn):
-    diff = [is_float(v.aval) for v in eqn.invars]
+    # the tangent flows through the float operands; a literal one (clamp's bounds) is a constant of the rule
+    diff = [is_float(v.aval) and not isinstance(v, Literal) for v in eqn.invars]
+    fixed = {k: v.val for k, v in enumerate(eqn.invars) if isinstance(v, Literal)}
+    moving = [k for k, d in enumerate(diff) if d]
 
     def expanded(*xs):
-        xs = list(xs)
-        primals = [jax.lax.stop_gradient(x) if d else x for x, d in zip(xs, diff)]
-        call = lambda *a: bind(eqn, a)   # noqa: E731
+        xs = [fixed.get(k, x) for k, x in enumerate(xs)]
+
+        def call(*a):
+            full = list(xs)
+            for k, x in zip(moving, a):
+                full[k] = x
+            return bind(eqn, full)
+        primals = [jax.lax.stop_gradient(xs[k]) for k in moving]
+        tangents = [xs[k] for k in moving]
         if eqn.primitive.name == "custom_vjp_call":
             ys, vjp = jax.vjp(call, *primals)
-            cts = tuple(x if d else np.zeros(np.shape(x), jax.dtypes.float0) for x, d in zip(xs, diff))
-            (ts,) = jax.linear_transpose(vjp, ys)(cts)
+            (ts,) = jax.linear_transpose(vjp, ys)(tuple(tangents))
         else:
-            tangents = [x if d else np.zeros(np.shape(x), jax.dtypes.float0) for x, d in zip(xs, diff)]
             ys, ts = jax.jvp(call, primals, tangents)
         return [with_grad_p.bind(y, t) if is_float(v.aval) else y for y, t, v in zip(ys, ts, eqn.outvars)]
 

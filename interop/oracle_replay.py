@@ -509,6 +509,7 @@ class Replay:
         self._k = None
         self.top_k = 0              # the top-level step being replayed (what reports call "equation k")
         self.unsupported = {}       # primitive -> missing tapegrad functions (None: no rule at all)
+        self.unsupported_at = {}    # primitive -> (equation index, its summary, loop path) where first met
 
     # ── helpers for rules ─────────────────────────────────────────────────────
 
@@ -620,6 +621,7 @@ class Replay:
                 outs = [None] * len(eqn.outvars)    # empty results carry no gradient: JAX's (empty) values
             elif name not in RULES or missing(name):
                 self.unsupported.setdefault(name, missing(name) if name in RULES else None)
+                self.unsupported_at.setdefault(name, (index, summary(eqn), self.path()))
                 outs = [None] * len(eqn.outvars)
             else:
                 args = [x if x is not None else self.operand(plan, s, v, jenv)
@@ -629,6 +631,7 @@ class Replay:
                     outs = list(outs) if eqn.primitive.multiple_results else [outs]
                 except NotReplayable as e:
                     self.unsupported.setdefault(name, str(e))
+                    self.unsupported_at.setdefault(name, (index, summary(eqn), self.path()))
                     outs = [None] * len(eqn.outvars)
             eps = max([prec.get(s, 0.0) for s in st.ins if not isinstance(s, Literal) and s in tenv] + [0.0])
             for s, o, v in zip(st.outs, outs, eqn.outvars):

@@ -253,3 +253,24 @@ def test_an_optimizer_that_is_not_optax_is_refused_by_name():
 def test_has_aux_needs_a_pair_and_says_what_came():
     with pytest.raises(CaptureError, match=r"has_aux=True needs fn to return a pair \(value, aux\), got PyTreeDef\(\*\)"):
         interop.value_and_grad(lambda w: jnp.sum(w ** 2), has_aux=True)(jnp.ones(3))
+
+
+@pytest.mark.parametrize("fn,says", [
+    (lambda w: jnp.sum(jnp.sort(w) * jnp.arange(3.0)), r"equation 0 \(.*sort.*\) uses sort: sorting values the "
+                                                       r"parameters move would freeze the example's order"),
+    (lambda w: jnp.sum(w ** w), r"equation 0 \(.*pow b b\) uses pow: .* write jnp.exp\(y \* jnp.log\(x\)\)"),
+    (lambda w: jnp.sum(jnp.linalg.eigh(jnp.outer(w, w) + jnp.eye(3))[0]),
+     r"uses eigh: the oracle takes JAX's value of it at one point.*train this function with jax.jit")])
+def test_a_primitive_without_a_capture_rule_is_refused_with_its_equation_and_what_to_write(fn, says):
+    with pytest.raises(interop.UnsupportedPrimitiveError, match=says):
+        interop.value_and_grad(fn)(jnp.array([1.0, 3.0, 2.0]))
+
+
+def test_clamp_is_captured_with_jax_s_rule_at_its_bounds():
+    """lax.clamp (flax's PPO example clips the probability ratio): no gradient at a bound, as JAX's rule."""
+    loss = lambda w, x: jnp.sum(jax.lax.clamp(0.8, x * w, 1.2) * jnp.arange(1.0, 6.0))   # noqa: E731
+    w, x = jnp.ones(5), jnp.array([0.5, 0.8, 1.0, 1.2, 1.5])
+    vg = interop.value_and_grad(loss)
+    (v, g), (jv, jg) = vg(w, x), jax.value_and_grad(loss)(w, x)
+    assert float(v) == float(jv) and np.array_equal(np.asarray(g), np.asarray(jg))
+    assert np.asarray(g).tolist() == [0.0, 0.0, 3.0, 0.0, 0.0]

@@ -524,7 +524,8 @@ def _capture(fn, closed, out_shape, leaves_p, tree, which, nargs, has_aux, backe
     """``closed`` (fn's jaxpr over the leaves ``leaves_p`` of its arguments) captured as a program."""
     leaves = [x for _, x in leaves_p]
     arg_of = [path[0].idx for path, _ in leaves_p]
-    diff = [i for i, x in enumerate(leaves) if arg_of[i] in which and is_float(jax.typeof(x))]
+    # an empty leaf has an empty gradient: it is no parameter of the program (train.grads_like fills it in)
+    diff = [i for i, x in enumerate(leaves) if arg_of[i] in which and is_float(jax.typeof(x)) and np.size(x)]
     if not diff:
         raise CaptureError(f"{who}: no float leaf to differentiate in arguments {which}")
     for i, x in enumerate(leaves):

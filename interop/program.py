@@ -31,7 +31,7 @@ from tapegrad.errors import TapeError
 
 from ._jax import align_varying, jax, jnp, varying, x64_enabled
 from .callback import host_call
-from .function import first_order
+from .function import TransformError, first_order
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LOCK = threading.Lock()
@@ -402,6 +402,29 @@ def _step_lr(program, lr):
 
 # ── public API ───────────────────────────────────────────────────────────────
 
+def _not_differentiable(who, why):
+    """``fn(xs, *static)`` whose forward-mode derivative (what jax.grad, jax.checkpoint's rematerialised
+    sweep and jvp ask of it) raises a ``TransformError`` saying ``why``, instead of JAX's advice to add a
+    custom_jvp to our FFI call."""
+    def wrap(fn):
+        def run(xs, *static):
+            g = jax.custom_jvp(lambda *xs_: fn(tuple(xs_), *static))
+
+            def jvp(primals, tangents):
+                raise TransformError(f"{who}: {why}")
+            g.defjvp(jvp)
+            return g(*xs)
+        return run
+    return wrap
+
+
+def _first_order(who):
+    return _not_differentiable(who, "forward-mode and higher-order differentiation (jvp, jacfwd, hessian, grad of "
+                                    "grad, and jax.grad through jax.checkpoint of it) are not supported: its "
+                                    "backward is tapegrad's reverse sweep, which is not itself differentiable; "
+                                    "tapegrad gradients are first-order only: use jax.grad / vjp / jacrev")
+
+
 def _mode(program, native, who):
     if program.backend == "cupy":
         # its buffers live on the device: a host call would read and write the host copies only
@@ -445,7 +468,8 @@ def program_call(program: Program, *, native: Optional[bool] = None, data: bool 
         names = native_library()[1]
         h = _i64(program.hash64)
 
-    def call(grads, xs):
+    @_first_order("program_call")
+    def call(xs, grads):
         specs = [_spec(xs, (), sig.dtype)]
         if grads:
             specs += [_spec(xs, s, sig.dtype) for s in sig.params]
@@ -463,10 +487,10 @@ def program_call(program: Program, *, native: Optional[bool] = None, data: bool 
 
     @jax.custom_vjp
     def f(*xs):
-        return call(False, xs)[0]
+        return call(xs, False)[0]
 
     def fwd(*xs):
-        loss, *g = call(True, tuple(x.value for x in xs))
+        loss, *g = call(tuple(x.value for x in xs), True)
         for k, x in enumerate(xs[np_:np_ + ni]):
             if x.perturbed:
                 raise ProgramError(f"program_call: cannot differentiate with respect to inputs[{k}]: it is a "
@@ -573,19 +597,27 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
         params = tuple(jnp.asarray(x) for x in params)
         opt_state = tuple(jnp.asarray(x) for x in opt_state)
         inputs, rate, data_, groups = extra(inputs, data, lr, steps)
+        if jnp.ndim(count) != 0:
+            raise ProgramError(f"program_episode: the step count must be a scalar integer (optax's count is "
+                               f"int32[]), got {jax.typeof(jnp.asarray(count)).str_short()}")
         count = count_operand(count, sig.dtype)
         sig.check("program_episode", [("params", sig.params, params), ("opt_state", sig.state, opt_state)] + groups)
         xs = params + opt_state + (count,) + inputs + rate + data_
+        out = _episode_call(xs, steps, bool(rate))
+        return out[0], tuple(out[1:1 + np_]), tuple(out[1 + np_:1 + np_ + ns]), count_result(out[-1], sig.dtype)
+
+    @_not_differentiable("program_episode", "a training episode (forward, backward and the optimizer's update "
+                         "in one call) is not differentiable: differentiate the loss (interop.value_and_grad, "
+                         "program_call), not the step")
+    def _episode_call(xs, steps, rate):
         specs = [_spec(xs, () if steps is None else (steps,), sig.dtype)]
         specs += [_spec(xs, s, sig.dtype) for s in sig.params + sig.state] + [_spec(xs, (), sig.dtype)]
         if native:
             more = {} if steps is None else {"steps": np.int64(steps)}
-            out = jax.ffi.ffi_call(names["episode"], specs, input_output_aliases=aliases,
-                                   vmap_method="sequential")(*xs, **attrs, **more)
-        else:
-            run = _host_episode(program, lr=bool(rate), steps=steps)
-            out = host_call(run, specs, *xs, vmap_method="sequential", input_output_aliases=aliases)
-        return out[0], tuple(out[1:1 + np_]), tuple(out[1 + np_:1 + np_ + ns]), count_result(out[-1], sig.dtype)
+            return jax.ffi.ffi_call(names["episode"], specs, input_output_aliases=aliases,
+                                    vmap_method="sequential")(*xs, **attrs, **more)
+        run = _host_episode(program, lr=rate, steps=steps)
+        return host_call(run, specs, *xs, vmap_method="sequential", input_output_aliases=aliases)
 
     def step(params, opt_state, inputs, data=(), lr=None):
         p, st, count = _positional(program, "program_episode", params, opt_state)

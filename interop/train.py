@@ -32,8 +32,9 @@ def _host_backend(who, backend):
 
 
 def _grads_like(cap, grads, argnums):
-    """Gradients shaped as ``jax.grad``'s for ``argnums``: one pytree per differentiated argument."""
-    full = [None] * cap.tree.num_leaves
+    """Gradients shaped as ``jax.grad``'s for ``argnums``: one pytree per differentiated argument (an empty
+    leaf's gradient is empty, as jax.grad's)."""
+    full = [jnp.zeros(a.shape, a.dtype) if not np.prod(a.shape) else None for a in cap._avals]
     for i, g in zip(cap.diff, grads):
         full[i] = g
     args = jax.tree.unflatten(cap.tree, full)
@@ -261,7 +262,8 @@ def _episode_of(cap, spec, params):
     episode = cap.__dict__.get("_episode")
     if episode is None:
         opt = spec.make(tg)
-        for var, decay in zip(cap.param_vars, spec.decays(params)):
+        decays = spec.decays(params)
+        for var, decay in zip(cap.param_vars, [decays[k] for k in cap.diff]):
             opt.add(cap.tape, var, wd=None if decay else 0.0)
         cap.program.attach(opt)
         episode = cap._episode = program_episode(cap.program, data=True, lr=spec.schedule is not None).positional
@@ -285,8 +287,10 @@ def _native_step(fn, sigs, params, example_batch, optimizer, spec, has_aux):
         adam = next((x for x in nodes if isinstance(x, optax.ScaleByAdamState)), None)
         trace = next((x for x in nodes if isinstance(x, optax.TraceState)), None)
         sched = next((x for x in nodes if isinstance(x, optax.ScaleByScheduleState)), None)
-        moments = ([a for pair in zip(jax.tree.leaves(adam.mu), jax.tree.leaves(adam.nu)) for a in pair] if adam
-                   else jax.tree.leaves(trace.trace) if trace is not None and spec.momentum else [])
+        kept = cap.diff   # the parameters of the program (an empty leaf is none): their moments
+        moments = ([a for k in kept for a in (jax.tree.leaves(adam.mu)[k], jax.tree.leaves(adam.nu)[k])] if adam
+                   else [jax.tree.leaves(trace.trace)[k] for k in kept] if trace is not None and spec.momentum
+                   else [])
         count = adam.count if adam is not None else jnp.zeros((), jnp.int32)
         if steps is None:
             lr = None if sched is None else -jnp.asarray(spec.schedule(sched.count), dt)
@@ -300,13 +304,18 @@ def _native_step(fn, sigs, params, example_batch, optimizer, spec, has_aux):
                                         steps=steps)
         new_p = list(new_p)
 
+        def placed(tree, new):
+            out = jax.tree.leaves(tree)
+            for k, m in zip(kept, new):
+                out[k] = m
+            return jax.tree.unflatten(jax.tree.structure(tree), out)
+
         def renew(x):
             if isinstance(x, optax.ScaleByAdamState):
-                tree = jax.tree.structure(x.mu)
-                return x._replace(count=_advance(x.count, steps), mu=jax.tree.unflatten(tree, new_m[0::2]),
-                                  nu=jax.tree.unflatten(tree, new_m[1::2]))
+                return x._replace(count=_advance(x.count, steps), mu=placed(x.mu, new_m[0::2]),
+                                  nu=placed(x.nu, new_m[1::2]))
             if isinstance(x, optax.TraceState):
-                return x._replace(trace=jax.tree.unflatten(jax.tree.structure(x.trace), list(new_m)))
+                return x._replace(trace=placed(x.trace, list(new_m)))
             if isinstance(x, optax.ScaleByScheduleState):
                 return x._replace(count=_advance(x.count, steps))
             return x

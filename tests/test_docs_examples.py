@@ -49,10 +49,50 @@ def test_the_jit_example_differentiates_steps_and_checks():
 
 
 def test_the_jax_model_trains_natively_then_continues_with_optax():
+    jax = pytest.importorskip("jax")
     pytest.importorskip("flax")
-    scope = run("jax-model.md")
+    with jax.enable_x64(False):       # as a script runs it (another test may have turned 64-bit mode on)
+        scope = run("jax-model.md", "## A training step", 0)
     assert scope["step"].native_update
     first = float(scope["loss"](scope["model"].init(scope["jax"].random.key(0), scope["x"])["params"],
                                 scope["x"], scope["labels"]))
     assert float(scope["loss"](scope["params"], scope["x"], scope["labels"])) < first
     assert int(scope["opt_state"][0].count) == 11    # ten native steps and one of optax's
+
+
+def test_the_apply_model_example_matches_jax():
+    pytest.importorskip("flax")
+    scope = run("jax-model.md", "## Where `jax.value_and_grad` was")
+    jax, model, params = scope["jax"], scope["model"], scope["params"]
+    images, labels = scope["images"][:20], scope["labels"][:20]
+
+    def loss_fn(p):
+        logits = model.apply({"params": p}, images)
+        return scope["optax"].softmax_cross_entropy(logits, jax.nn.one_hot(labels, 10)).mean()
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    assert abs(float(scope["loss"] - loss)) <= 1e-5 * abs(float(loss))
+    worst = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree.leaves(scope["grads"]), jax.tree.leaves(grads)))
+    assert worst <= 1e-5 * max(float(np.max(np.abs(b))) for b in jax.tree.leaves(grads))
+
+
+def test_the_batchnorm_step_trains_its_statistics():
+    jax = pytest.importorskip("jax")
+    pytest.importorskip("flax")
+    with jax.enable_x64(False):
+        scope = run("jax-model.md", "## A training step", 1)
+    assert scope["step"].native_update
+    first = scope["variables"]["batch_stats"]["BatchNorm_0"]["mean"]
+    assert float(np.max(np.abs(scope["stats"]["BatchNorm_0"]["mean"] - first))) > 0
+    assert int(scope["state"][1][0].count) == 5 and np.isfinite(float(scope["value"]))
+
+
+def test_the_equinox_example_matches_jax():
+    pytest.importorskip("equinox")
+    scope = run("jax-model.md", "## A training step", 2)
+    jax = scope["jax"]
+    value, grads = jax.value_and_grad(scope["loss"])(scope["arrays"], scope["x"], scope["y"])
+    assert abs(float(scope["value"] - value)) <= 1e-5 * abs(float(value))
+    for a, b in zip(jax.tree.leaves(scope["grads"]), jax.tree.leaves(grads)):
+        assert float(np.max(np.abs(a - b))) <= 1e-5 * max(1.0, float(np.max(np.abs(b))))
+
+

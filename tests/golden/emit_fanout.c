@@ -75,7 +75,7 @@ double grad(const double *p, double *g, const double *v)
     double g16 = g17;
     g5 += g16 * t5;
     g5 += g16 * t5;
-    double g14 = g15 * (t14 > 0.0 ? 1.0 : 0.0);
+    double g14 = t14 > 0.0 ? g15 : 0.0;
     g6 += g14 * ((t6 > t9 ? 1.0 : 0.0) + 0.5 * (t6 == t9 ? 1.0 : 0.0));
     double g10 = g13 / t12;
     double g12 = -(g13 * t13 / t12);

@@ -38,7 +38,7 @@ double grad(const double *p, double *g, const double *v)
     double g14 = g16;
     double g15 = -g16;
     g13 += g15 * t7;
-    g13 += g14 * (t13 > 0.0 ? 1.0 : 0.0);
+    g13 += t13 > 0.0 ? g14 : 0.0;
     double g12 = g13;
     double g3 = g13;
     double g10 = g12;

@@ -38,7 +38,7 @@ __device__ double grad(const double *p, double *g, const double *v)
     double g14 = g16;
     double g15 = -g16;
     g13 = __dadd_rn(g13, __dmul_rn(g15, t7));
-    g13 = __dadd_rn(g13, __dmul_rn(g14, (t13 > 0.0 ? 1.0 : 0.0)));
+    g13 = __dadd_rn(g13, (t13 > 0.0 ? g14 : 0.0));
     double g12 = g13;
     double g3 = g13;
     double g10 = g12;

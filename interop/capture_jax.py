@@ -477,7 +477,7 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
     ``jax.grad`` does (``interop.expand``); ``check_grads``, the oracle, replays the rule's body instead.
 
     >>> import interop
-    >>> from interop import jnp
+    >>> import jax.numpy as jnp
     >>> cap = interop.capture_jax(lambda w, x, y: jnp.mean((x @ w - y) ** 2),
     ...                           jnp.ones(3), jnp.eye(3), jnp.arange(3.0), backend="numpy")
     >>> len(cap.program.params), len(cap.program.consts)   # x, y (fed each call) and the mean's 1/n

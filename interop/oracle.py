@@ -663,6 +663,10 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     says so) and a step computing in them is compared at that precision's bound. A leaf whose
     gradient is zero up to rounding on both sides is reported as ``both ≈ 0: rounding noise``.
 
+    A ``custom_vjp``/``custom_jvp`` call is replayed by its primal body, so its rule is checked against
+    the body's derivative: that is the oracle's job. ``interop.value_and_grad``, ``train_step`` and
+    ``capture_jax``, which stand in for ``jax.grad``, follow the rule instead.
+
     ``trust``: names of ``custom_vjp``/``custom_jvp`` rules (as JAX records them, leading underscores
     optional) to replay as JAX gives them instead of checking them against their primal body, for
     rules meant to differ (gradient scaling or reversal, straight-through estimators); a custom rule
@@ -672,7 +676,7 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     is active, finished lanes frozen, as JAX runs it.
 
     >>> import interop
-    >>> from interop import jax, jnp
+    >>> import jax, jax.numpy as jnp
     >>> r = interop.check_grads(lambda w: jnp.tanh(w @ w).sum(), jnp.eye(3))
     >>> r.ok, r.grads[0].shape, r.max_rel[0] <= 1e-12
     (True, (3, 3), True)
@@ -737,7 +741,7 @@ def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Se
     differ only at kinks, unless ``allow_kinks=False``).
 
     >>> import interop
-    >>> from interop import jnp
+    >>> import jax.numpy as jnp
     >>> _ = interop.assert_grads(lambda x: jnp.sum(jnp.tanh(x) ** 2), jnp.linspace(0.0, 1.0, 4))
     """
     report = check_grads(f, *args, argnums=argnums, has_aux=has_aux, rtol=rtol, seed=seed, trust=trust,

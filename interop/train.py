@@ -392,9 +392,9 @@ def _check(step, sigs, fn, params, batch, optimizer, has_aux, steps=3):
     dt = cap.program.dtype
     tol = lowp_bound(float(np.finfo(dt).eps), 1e-12)
     grad = jax.grad(fn, has_aux=has_aux)
-    want = grad(params, *batch)
+    want = jax.jit(grad)(params, *batch)
     ours_vg = ValueAndGrad(fn, 0, has_aux, sigs.backend, sigs)
-    got = ours_vg(params, *batch)[1]
+    got = jax.jit(ours_vg)(params, *batch)[1]
     where, d = _worst(got, want[0] if has_aux else want)
     if d > tol:
         raise CaptureError(f"train_step: the captured program's gradient{where} differs from jax.grad's by {d:.3g} "

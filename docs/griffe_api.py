@@ -7,9 +7,10 @@ statically they are attributes with no docstring; this imports ``tapegrad`` and 
 function it is at run time: its signature and its docstring.
 
 ``DoctestFences``: the docstrings keep their examples as bare ``>>>`` lines (pytest runs them as doctests);
-Markdown would read ``>>>`` as nested quotes, so each run of prompt and output lines is fenced as
-``pycon``. A docstring with a numpy-style ``Examples`` section is left as it is: the parser fences that
-section itself.
+Markdown would read ``>>>`` as nested quotes, so each run of prompt and output lines outside a Google-style
+``Examples:`` section is fenced as ``pycon``. The section itself is left as it is: the parser fences it.
+
+mkdocs.yml loads this file by path; ``exclude_docs`` keeps it out of the built site.
 """
 import importlib
 import inspect
@@ -18,7 +19,7 @@ from typing import Callable
 
 import griffe
 
-_SECTION = re.compile(r"^[ \t]*Examples\n[ \t]*-{3,}$", re.M)
+_SECTION = re.compile(r"^[ \t]*Examples:[ \t]*$", re.M)   # a Google-style section: griffe fences its examples
 # a run of lines starting with a ">>> " prompt, with the continuation and output lines after it
 _EXAMPLE = re.compile(r"^(?P<indent>[ \t]*)>>> .*(?:\n(?!(?P=indent)[ \t]*$)(?P=indent)\S.*)*", re.M)
 
@@ -31,10 +32,16 @@ def fence(text: str) -> str:
     return _EXAMPLE.sub(one, text)
 
 
+def fence_prose(text: str) -> str:
+    """``text`` with the examples before its ``Examples:`` section (if any) fenced, the section left as it is."""
+    m = _SECTION.search(text)
+    return fence(text) if m is None else fence(text[:m.start()]) + text[m.start():]
+
+
 class DoctestFences(griffe.Extension):
     def on_instance(self, *, obj: griffe.Object, **kwargs: object) -> None:
-        if obj.docstring is not None and ">>> " in obj.docstring.value and not _SECTION.search(obj.docstring.value):
-            obj.docstring.value = fence(obj.docstring.value)
+        if obj.docstring is not None and ">>> " in obj.docstring.value:
+            obj.docstring.value = fence_prose(obj.docstring.value)
 
 
 KINDS = {p.kind: griffe.ParameterKind[p.kind.name.lower()] for p in
@@ -60,7 +67,7 @@ def as_function(name: str, f: Callable[..., object], like: griffe.Object) -> gri
 def _docstring(f: Callable[..., object], owner: griffe.Object, like: griffe.Object) -> griffe.Docstring:
     """``f``'s run-time docstring for ``owner``, parsed as ``like``'s is."""
     doc = like.docstring
-    return griffe.Docstring(fence(inspect.cleandoc(f.__doc__ or "")), parent=owner,
+    return griffe.Docstring(fence_prose(inspect.cleandoc(f.__doc__ or "")), parent=owner,
                             parser=doc.parser if doc else None, parser_options=doc.parser_options if doc else None)
 
 

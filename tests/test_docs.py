@@ -206,6 +206,8 @@ def test_the_api_pages_show_doctest_lines_as_code():
     doc = "Sum.\n\n>>> x = 1\n>>> x + 1\n2\n\nMore text.\n    >>> y = 2\n"
     assert ext.fence(doc) == ("Sum.\n\n```pycon\n>>> x = 1\n>>> x + 1\n2\n```\n\nMore text.\n"
                               "    ```pycon\n    >>> y = 2\n    ```\n")
+    section = "Examples:\n    >>> z = 3\n"          # a Google-style section: griffe's parser fences it
+    assert ext.fence_prose(doc + section) == ext.fence(doc) + section
 
 
 def test_every_page_is_in_the_site_navigation():
@@ -237,7 +239,7 @@ def test_the_api_reference_shows_everything_public():
     missing = []
     for modname, extra in (("tapegrad", ["sum", "max", "min", "abs"]), ("interop", [])):
         page = text(f"api/{modname}.md")
-        pkg = griffe.load(modname, search_paths=[str(ROOT)], extensions=extensions, docstring_parser="numpy")
+        pkg = griffe.load(modname, search_paths=[str(ROOT)], extensions=extensions, docstring_parser="google")
         for name in list(pkg.exports or []) + extra:
             obj = pkg[name]
             try:

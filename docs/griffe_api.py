@@ -48,7 +48,7 @@ KINDS = {p.kind: griffe.ParameterKind[p.kind.name.lower()] for p in
          inspect.signature(lambda a, /, b, *c, d, **e: None).parameters.values()}
 
 
-def as_function(name: str, f: Callable[..., object], like: griffe.Object) -> griffe.Function:
+def as_function(name: str, f: Callable[..., object], like: griffe.Object, method: bool = False) -> griffe.Function:
     """``f`` as griffe's Function ``name``, its docstring parsed as ``like``'s are (a method of the tape's
     C core has no signature to read: its parameters stay unnamed)."""
     try:
@@ -60,15 +60,26 @@ def as_function(name: str, f: Callable[..., object], like: griffe.Object) -> gri
         default = None if p.default is inspect.Parameter.empty else repr(p.default)
         params.append(griffe.Parameter(p.name, kind=KINDS[p.kind], default=default))
     fn = griffe.Function(name, parameters=griffe.Parameters(*params), returns="Var" if name != "split" else None)
-    fn.docstring = _docstring(f, fn, like)
+    fn.docstring = _docstring(f, fn, like, method)
     return fn
 
 
-def _docstring(f: Callable[..., object], owner: griffe.Object, like: griffe.Object) -> griffe.Docstring:
-    """``f``'s run-time docstring for ``owner``, parsed as ``like``'s is."""
+def _docstring(f: Callable[..., object], owner: griffe.Function, like: griffe.Object,
+               method: bool = False) -> griffe.Docstring:
+    """``f``'s run-time docstring for ``owner``, parsed as ``like``'s is. For a ``method`` (``Var.sum`` is
+    ``tg.sum``), the ``Args:`` entries of parameters the method lacks (``a``: the Var itself) are dropped."""
     doc = like.docstring
-    return griffe.Docstring(fence_prose(inspect.cleandoc(f.__doc__ or "")), parent=owner,
-                            parser=doc.parser if doc else None, parser_options=doc.parser_options if doc else None)
+    parser, options = (doc.parser, dict(doc.parser_options)) if doc else (None, {})
+    out = griffe.Docstring(fence_prose(inspect.cleandoc(f.__doc__ or "")), parent=owner, parser=parser,
+                           parser_options=options)
+    if method and parser is not None:
+        have = {p.name for p in owner.parameters}
+        sections = out.parse(parser, **{**options, "warn_unknown_params": False})
+        for section in sections:
+            if section.kind is griffe.DocstringSectionKind.parameters:
+                section.value = [p for p in section.value if p.name.lstrip("*") in have]
+        out.parsed = [s for s in sections if s.kind is not griffe.DocstringSectionKind.parameters or s.value]
+    return out
 
 
 def _fill(obj: griffe.Object, runtime: object, names: list, like: griffe.Object) -> None:
@@ -85,9 +96,9 @@ def _fill(obj: griffe.Object, runtime: object, names: list, like: griffe.Object)
                 target = None
                 break
         if target is None or isinstance(target, griffe.Attribute):
-            obj.set_member(name, as_function(name, f, like))
+            obj.set_member(name, as_function(name, f, like, isinstance(obj, griffe.Class)))
         elif isinstance(target, griffe.Function) and target.docstring is None:   # a typed declaration
-            target.docstring = _docstring(f, target, like)
+            target.docstring = _docstring(f, target, like, isinstance(obj, griffe.Class))
 
 
 class RuntimeFunctions(griffe.Extension):

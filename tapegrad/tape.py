@@ -67,7 +67,16 @@ _DATA = O.data
 
 
 class NonFinite(NamedTuple):
-    """Where a non-finite number first appears (see ``Tape.first_nonfinite``)."""
+    """Where a non-finite number first appears (``Tape.first_nonfinite`` returns one).
+
+    Attributes:
+        node: The node's id.
+        op: The node's op name.
+        kind: "value" or "grad".
+        input_shapes: The shapes of the node's inputs.
+        where: "file.py:line" of the user code that created the node ("?" with ``sources=False``).
+        name: The parameter's name (``tape.param(..., name=)``), or None.
+    """
     node: int
     op: str
     kind: str           # "value" or "grad"
@@ -84,14 +93,20 @@ class NonFinite(NamedTuple):
 class Var:
     """A handle to one node of a tape; supports Python operators and the op methods.
 
-    >>> import tapegrad as tg, numpy as np
-    >>> tape = tg.Tape()
-    >>> x = tape.param(np.array([1.0, 2.0]))
-    >>> y = (x * x).sum()
-    >>> tape.backward(y)
-    True
-    >>> tape.grad(x)
-    array([2., 4.])
+    Vars are made by the tape (``param``, ``const``) and by ops, never by hand. ``x + y``, ``x @ w``,
+    ``x[i]``, ``x.T`` and ``x.relu()`` are ``tg.add``, ``tg.matmul``, indexing, ``tg.transpose`` and
+    ``tg.relu``: each method below is the function of the same name with ``x`` as its first argument.
+    A Var has no truth value (``if x:`` raises ``TypeError``).
+
+    Examples:
+        >>> import tapegrad as tg, numpy as np
+        >>> tape = tg.Tape()
+        >>> x = tape.param(np.array([1.0, 2.0]))
+        >>> y = (x * x).sum()
+        >>> tape.backward(y)
+        True
+        >>> tape.grad(x)
+        array([2., 4.])
     """
     __slots__ = ("tape", "id", "epoch")
     __array_priority__ = 1000  # ndarray ⊕ Var defers to Var
@@ -111,22 +126,27 @@ class Var:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The node's shape (known even for a node whose value is lazy)."""
         return self.tape._nodes[self.tape._index(self, "shape", "self")].shape
 
     @property
     def ndim(self) -> int:
+        """The number of axes, ``len(shape)``."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return math.prod(self.shape)
 
     @property
     def value(self) -> np.ndarray:
+        """``tape.value(self)``: a read-only view of the node's value."""
         return self.tape.value(self)
 
     @property
     def grad(self) -> np.ndarray:
+        """``tape.grad(self)``: a read-only view of d loss/d self."""
         return self.tape.grad(self)
 
     if TYPE_CHECKING:   # installed at import by tapegrad.functional; declared here for type checkers
@@ -210,32 +230,40 @@ class Tape:
     Every op computes its value eagerly and appends one node; ``backward`` walks the nodes once in
     reverse (inputs always have smaller ids, so reverse order is topological order).
 
-    Parameters
-    ----------
-    dtype : float64 (default) or float32.
-    on_error : "raise" (default) raises a ``TapeError`` and leaves the tape as it was; "poison" keeps
-        ops returning (poisoned Vars), sets ``ok`` to False, keeps the first reason in ``error``, and
-        ``backward`` returns False.
-    check_finite : raise ``NonFiniteError`` at the first op whose value is not finite (the node is not
-        appended), and after a ``backward`` that produced a non-finite gradient.
-    sources : record the file and line that created each node (reported by ``first_nonfinite`` and
-        ``check_finite``). Finding the caller's frame costs about 0.15 µs per op (0.45 on the Python
-        paths); ``sources=False`` saves it and reports the place as "?".
-    ordered : record matmul, sum and mean in ordered mode (``tapegrad.ordered``): serial index-order
-        sums without FMA, so every backend reproduces the tape bit for bit (slower: no BLAS).
+    What every op may raise, besides the errors its own docstring lists: ``ForeignVarError`` for a
+    Var of another tape or one ``reset_to`` dropped, ``ArgumentError`` for a non-Var where a Var is
+    expected, ``NonFiniteError`` under ``check_finite``. A failing op leaves the tape as it was. On a
+    tape made with ``on_error="poison"`` none of these is raised: the op returns a poisoned Var instead.
 
-    Examples
-    --------
-    >>> import tapegrad as tg, numpy as np
-    >>> tape = tg.Tape()
-    >>> w = tape.param(np.ones((3, 2)))
-    >>> start = tape.mark()
-    >>> x = tape.const(np.arange(6.0).reshape(2, 3))
-    >>> loss = (x @ w).relu().mean()
-    >>> tape.backward(loss), float(tape.grad(w)[0, 0])
-    (True, 0.75)
-    >>> tape.reset_to(start); len(tape)
-    1
+    Args:
+        dtype: The element type of values and gradients: float64 or float32.
+        on_error: "raise" raises a ``TapeError`` and leaves the tape as it was; "poison" keeps ops
+            returning (poisoned Vars), sets ``ok`` to False, keeps the first error in ``error``, and
+            makes ``backward`` return False.
+        check_finite: Raise ``NonFiniteError`` at the first op whose value is not finite (the node is
+            not appended), and after a ``backward`` that produced a non-finite gradient.
+        sources: Record the file and line that created each node (reported by ``first_nonfinite``
+            and ``check_finite``). Finding the caller's frame costs about 0.15 µs per op (0.45 on the
+            Python paths); ``sources=False`` saves it and reports the place as "?".
+        ordered: Record matmul, sum and mean in ordered mode (``tapegrad.ordered``): serial
+            index-order sums without FMA, so every backend reproduces the tape bit for bit (slower:
+            no BLAS).
+
+    Raises:
+        DTypeError: If ``dtype`` is not float64 or float32.
+        ConfigError: If ``on_error`` is not "raise" or "poison".
+
+    Examples:
+        >>> import tapegrad as tg, numpy as np
+        >>> tape = tg.Tape()
+        >>> w = tape.param(np.ones((3, 2)))
+        >>> start = tape.mark()
+        >>> x = tape.const(np.arange(6.0).reshape(2, 3))
+        >>> loss = (x @ w).relu().mean()
+        >>> tape.backward(loss), float(tape.grad(w)[0, 0])
+        (True, 0.75)
+        >>> tape.reset_to(start); len(tape)
+        1
     """
 
     _floor: Optional[int]
@@ -285,8 +313,28 @@ class Tape:
     def param(self, array: ArrayLike, name: Optional[str] = None) -> Var:
         """Register a trainable parameter; the array is copied into tape-owned aligned memory.
 
-        ``name`` (optional, unique among the tape's live parameters): how captured programs,
-        episode states, checkpoints and reports refer to it, e.g. ``program.value("W1")``.
+        Args:
+            array: The initial value: a float32 or float64 array (integers and nested lists are
+                converted to the tape's dtype).
+            name: How captured programs, episode states, checkpoints and reports refer to the
+                parameter, e.g. ``program.value("W1")``; unique among the tape's live parameters.
+                ``param_<k>`` is reserved for unnamed ones.
+
+        Returns:
+            The parameter's Var.
+
+        Raises:
+            ArgumentError: If ``name`` is empty, padded with spaces, reserved or taken.
+            DTypeError: If ``array`` holds no real floats (complex, strings).
+            ShapeError: If ``array`` is a ragged nested list.
+            TypeError: If ``array`` is a Var.
+
+        Examples:
+            >>> import numpy as np, tapegrad as tg
+            >>> tape = tg.Tape()
+            >>> w = tape.param(np.zeros((2, 3)), name="W1")
+            >>> w, tape.name_of(w)
+            (<Var node 0: param (2, 3)>, 'W1')
         """
         if name is not None:
             bad = self._bad_name(name)
@@ -300,13 +348,28 @@ class Tape:
     def const(self, array: ArrayLike) -> Var:
         """Register a constant (no gradient flows into it); copied in like ``param``.
 
-        An integer or bool array becomes a data leaf (indices for ``take``, a mask for ``where``):
-        held as int64 or bool, never cast to float and never differentiated.
+        A constant registered after ``mark`` lives in the episode's memory, which ``reset_to`` takes
+        back (a minibatch).
 
-        >>> import tapegrad as tg, numpy as np
-        >>> tape = tg.Tape()
-        >>> tape.const(np.array([2, 0])).value.dtype, tape.const(np.array([True])).value.dtype
-        (dtype('int64'), dtype('bool'))
+        Args:
+            array: A float array, or an integer or bool array, which becomes a data leaf (indices
+                for ``take``, a mask for ``where``): held as int64 or bool, never cast to float and
+                never differentiated.
+
+        Returns:
+            The constant's Var.
+
+        Raises:
+            DTypeError: If ``array`` holds no real numbers, or unsigned integers past int64.
+            ShapeError: If ``array`` is a ragged nested list.
+            TypeError: If ``array`` is a Var.
+
+        Examples:
+            >>> import tapegrad as tg, numpy as np
+            >>> tape = tg.Tape()
+            >>> i, m = tape.const(np.array([2, 0])), tape.const(np.array([True]))
+            >>> i.value.dtype, m.value.dtype
+            (dtype('int64'), dtype('bool'))
         """
         return self._leaf(O.const, array, "const")
 
@@ -315,6 +378,28 @@ class Tape:
 
         The tape records ops on it (shapes only) but cannot evaluate them: use it on graphs that
         will be captured (``tapegrad.capture``) so frozen weights never sit in host memory twice.
+        Give the values with ``program.set_input(var, array)``.
+
+        Args:
+            shape: The constant's shape.
+            dtype: float32 or float64; None: the tape's dtype.
+
+        Returns:
+            The lazy constant's Var (``tape.value`` of it, or of anything computed from it, raises
+            ``LazyValueError``).
+
+        Raises:
+            DTypeError: If ``dtype`` is not float32 or float64.
+            ShapeError: If a dimension is negative.
+
+        Examples:
+            >>> import numpy as np, tapegrad as tg
+            >>> tape = tg.Tape()
+            >>> frozen = tape.const_lazy((4, 2))
+            >>> w = tape.param(np.ones((2, 1)))
+            >>> program = tg.capture(tape, (frozen @ w).sum())
+            >>> program.set_input(frozen, np.ones((4, 2))); float(program.forward())
+            8.0
         """
         dtype = np.dtype(dtype or self.dtype)
         if dtype not in _DTYPES:
@@ -536,7 +621,18 @@ class Tape:
     # ── reading values and gradients ─────────────────────────────────────────
 
     def value(self, v: Var) -> np.ndarray:
-        """A read-only view of a node's value (invalid after a reset past the node)."""
+        """A read-only view of a node's value (invalid after a reset past the node).
+
+        Args:
+            v: A Var of this tape.
+
+        Returns:
+            The value, read-only, without a copy.
+
+        Raises:
+            ForeignVarError: If ``v`` belongs to another tape or was dropped by ``reset_to``.
+            LazyValueError: If ``v`` depends on a lazy or dropped constant.
+        """
         i = self._index(v, "value", "v")
         val = self._val[i]
         if val is None:
@@ -544,7 +640,18 @@ class Tape:
         return readonly(val)
 
     def grad(self, v: Var) -> np.ndarray:
-        """A read-only view of the accumulated gradient d loss/d v; zeros if backward never reached v."""
+        """A read-only view of the accumulated gradient d loss/d v.
+
+        Args:
+            v: A float Var of this tape.
+
+        Returns:
+            The gradient, of ``v``'s shape, read-only; zeros if backward never reached ``v``.
+
+        Raises:
+            ArgumentError: If ``v`` is a data node (integer indices or a bool mask).
+            ForeignVarError: If ``v`` belongs to another tape or was dropped by ``reset_to``.
+        """
         i = self._index(v, "grad", "v")
         if self._nodes[i].op is O.data:
             raise ArgumentError(f"grad (node {i}): a data node ({self._val[i].dtype} indices or mask) has no "
@@ -558,7 +665,19 @@ class Tape:
         return readonly(g)
 
     def touched(self, v: Var) -> bool:
-        """Whether backward has written d loss/d v since the last reset (untouched params are skipped)."""
+        """Whether backward has written d loss/d v since the last reset.
+
+        An optimizer's ``step`` skips untouched parameters.
+
+        Args:
+            v: A Var of this tape.
+
+        Returns:
+            True once a backward pass reached ``v``.
+
+        Raises:
+            ForeignVarError: If ``v`` belongs to another tape or was dropped by ``reset_to``.
+        """
         return self._touched(self._index(v, "touched", "v"))
 
     def _touched(self, i):
@@ -577,18 +696,32 @@ class Tape:
     # ── parameter names ──────────────────────────────────────────────────────
 
     def names(self) -> dict[str, Var]:
-        """``{name: Var}`` of the named parameters still on the tape, in registration order.
+        """The named parameters still on the tape, in registration order.
 
-        >>> import numpy as np, tapegrad as tg
-        >>> tape = tg.Tape(); w = tape.param(np.ones(2), name="W1")
-        >>> tape.names()
-        {'W1': <Var node 0: param (2,)>}
+        Returns:
+            ``{name: Var}``.
+
+        Examples:
+            >>> import numpy as np, tapegrad as tg
+            >>> tape = tg.Tape(); w = tape.param(np.ones(2), name="W1")
+            >>> tape.names()
+            {'W1': <Var node 0: param (2,)>}
         """
         live = {n: v for n, v in self._names.items() if self._live(v)}
         return dict(sorted(live.items(), key=lambda item: item[1].id))
 
     def name_of(self, v: Var) -> Optional[str]:
-        """The name ``v`` was registered with (``param(..., name=)``), or None."""
+        """The name ``v`` was registered with (``param(..., name=)``).
+
+        Args:
+            v: A Var of this tape.
+
+        Returns:
+            The name, or None for an unnamed parameter or any other node.
+
+        Raises:
+            ForeignVarError: If ``v`` belongs to another tape or was dropped by ``reset_to``.
+        """
         i = self._index(v, "name_of", "v")
         return next((n for n, w in self._names.items() if w.id == i and self._live(w)), None)
 
@@ -607,13 +740,19 @@ class Tape:
 
     @property
     def nodes(self) -> tuple[Node, ...]:
-        """The node table (read-only tuple of ``Node``), in tape order."""
+        """The node table, a tuple of ``Node`` in tape order (a copy: editing it changes nothing)."""
         return tuple(self._nodes)
 
     # ── episodes ─────────────────────────────────────────────────────────────
 
     def mark(self) -> int:
-        """A watermark for ``reset_to``: the current length of the tape."""
+        """A watermark for ``reset_to``: the current length of the tape.
+
+        Constants registered after the last mark live in the episode's memory (see ``const``).
+
+        Returns:
+            The number of nodes on the tape.
+        """
         self._floor = len(self._nodes)
         return self._floor
 
@@ -623,6 +762,12 @@ class Tape:
         The minibatch loop: register parameters, ``m = tape.mark()``, then per batch build the graph,
         ``backward``, step the optimizer, ``tape.reset_to(m)``. Values and gradients of dropped nodes go
         back to the arena and are reused by the next episode; Vars of dropped nodes become invalid.
+
+        Args:
+            mark: A tape length, usually what ``mark()`` returned.
+
+        Raises:
+            TapeError: If ``mark`` is not an int in ``[0, len(tape)]``.
         """
         if type(mark) is not int and not isinstance(mark, np.integer) or not 0 <= mark <= len(self._nodes):
             raise TapeError(f"reset_to: mark must be an int in [0, {len(self._nodes)}], got {mark!r}")
@@ -648,13 +793,14 @@ class Tape:
         self._since = self._pass + 1
 
     def drop_consts(self) -> int:
-        """Free the host values of every constant (after a capture holds them); returns bytes freed.
+        """Free the host values of every constant, once a captured program holds its own copies.
 
         Constants registered before the first ``mark`` own their memory and free it; per-episode
-        constants live in the episode arena, whose memory is reused rather than freed.
+        constants live in the episode arena, whose memory is reused rather than freed. The tape can
+        no longer evaluate ops that read a dropped constant (``LazyValueError``); parameters stay.
 
-        The tape can no longer evaluate ops that read a dropped constant; captured programs keep
-        their own copies, and parameters stay.
+        Returns:
+            The number of bytes freed.
         """
         freed = 0
         self._dropped = True
@@ -670,13 +816,25 @@ class Tape:
     def backward(self, loss: Var, seed: Optional[ArrayLike] = None) -> bool:
         """Accumulate d loss/d x into every node's gradient by one reverse walk of the tape.
 
-        ``loss`` must hold a single element unless ``seed`` (an array of loss's shape, the cotangent) is
-        given. Gradients of leaves accumulate across calls until ``reset_to`` (as in PyTorch);
-        intermediate gradients hold the latest pass. Returns False (and does nothing) on a poisoned
-        tape.
+        Gradients of leaves accumulate across calls until ``reset_to`` (as in PyTorch); intermediate
+        gradients hold the latest pass. Broadcast inputs receive the contribution summed over the
+        broadcast axes by one ``numpy.add.reduce`` call (leading axes of a row-major contribution:
+        row by row, in order). A pass that raises part-way leaves the gradients as they were.
 
-        Broadcast inputs receive the contribution summed over the broadcast axes by one
-        ``numpy.add.reduce`` call (leading axes of a row-major contribution: row by row, in order).
+        Args:
+            loss: The Var to differentiate: one element, unless ``seed`` is given.
+            seed: The cotangent, an array of ``loss``'s shape; None: ones.
+
+        Returns:
+            True; False (and nothing done) on a poisoned tape, or when it fails on an
+            ``on_error="poison"`` tape.
+
+        Raises:
+            ShapeError: If ``loss`` has more than one element and no ``seed``, or ``seed`` has another
+                shape.
+            DTypeError: If ``seed`` holds no real numbers.
+            LazyValueError: If ``loss`` depends on a lazy or dropped constant.
+            NonFiniteError: If the tape has ``check_finite=True`` and a gradient is not finite.
         """
         if not self.ok:
             return False
@@ -867,7 +1025,19 @@ class Tape:
     # ── anomaly detection ────────────────────────────────────────────────────
 
     def first_nonfinite(self) -> Optional[NonFinite]:
-        """The first node, in forward order, whose value (then: gradient) holds inf or nan; else None."""
+        """The first node, in forward order, whose value (then: gradient) holds inf or nan.
+
+        Returns:
+            Where it is, or None when every value and gradient is finite.
+
+        Examples:
+            >>> import numpy as np, tapegrad as tg
+            >>> tape = tg.Tape()
+            >>> x = tape.param(np.array([1.0, 2.0]))
+            >>> y = x * np.inf
+            >>> bad = tape.first_nonfinite(); bad.op, bad.node, bad.kind
+            ('muls', 1, 'value')
+        """
         for kind, bufs in (("value", self._val), ("grad", self._grad)):
             for i, buf in enumerate(bufs):
                 if buf is None or (kind == "grad" and not self._touched(i)) or self._nodes[i].op is O.data:

@@ -52,16 +52,24 @@ def as_function(name: str, f: Callable[..., object], like: griffe.Object, method
     """``f`` as griffe's Function ``name``, its docstring parsed as ``like``'s are (a method of the tape's
     C core has no signature to read: its parameters stay unnamed)."""
     try:
-        signature = inspect.signature(f).parameters.values()
+        signature = inspect.signature(f)
     except (TypeError, ValueError):
-        signature = []
+        signature = inspect.Signature()
     params = []
-    for p in signature:
+    for p in signature.parameters.values():
         default = None if p.default is inspect.Parameter.empty else repr(p.default)
-        params.append(griffe.Parameter(p.name, kind=KINDS[p.kind], default=default))
-    fn = griffe.Function(name, parameters=griffe.Parameters(*params), returns="Var" if name != "split" else None)
+        params.append(griffe.Parameter(p.name, kind=KINDS[p.kind], default=default, annotation=_named(p.annotation)))
+    returns = _named(signature.return_annotation) or ("Var" if name != "split" else None)
+    fn = griffe.Function(name, parameters=griffe.Parameters(*params), returns=returns)
     fn.docstring = _docstring(f, fn, like, method)
     return fn
+
+
+def _named(annotation: object) -> "str | None":
+    """An annotation as written (``from __future__ import annotations`` keeps them as strings), or None."""
+    if annotation is inspect.Parameter.empty:
+        return None
+    return annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
 
 
 def _docstring(f: Callable[..., object], owner: griffe.Function, like: griffe.Object,
@@ -74,7 +82,7 @@ def _docstring(f: Callable[..., object], owner: griffe.Function, like: griffe.Ob
                            parser_options=options)
     if method and parser is not None:
         have = {p.name for p in owner.parameters}
-        sections = out.parse(parser, **{**options, "warn_unknown_params": False})
+        sections = out.parse(parser, **{**options, "warn_unknown_params": False, "warn_missing_types": False})
         for section in sections:
             if section.kind is griffe.DocstringSectionKind.parameters:
                 section.value = [p for p in section.value if p.name.lstrip("*") in have]

@@ -127,41 +127,116 @@ def _divs(v, s, flip):
 
 
 def add(a: Operand, b: Operand) -> Var:
-    """a + b, broadcasting (a Python scalar on either side becomes ``adds``)."""
+    """a + b, broadcasting (``x + y``); a Python scalar on either side becomes one ``adds`` node.
+
+    Args:
+        a: A Var, an array or a Python scalar.
+        b: A Var, an array or a Python scalar.
+
+    Returns:
+        A Var of the broadcast shape.
+
+    Raises:
+        ShapeError: If the shapes do not broadcast.
+        DTypeError: If an array operand holds no real numbers.
+        TypeError: If neither operand is a Var.
+    """
     if type(a) is Var and type(b) is Var:
         return a.tape.apply(O.add, a, b)
     return _binary(O.add, _adds, a, b)
 
 
 def sub(a: Operand, b: Operand) -> Var:
-    """a − b, broadcasting."""
+    """a − b, broadcasting (``x - y``).
+
+    Args:
+        a: A Var, an array or a Python scalar.
+        b: A Var, an array or a Python scalar.
+
+    Returns:
+        A Var of the broadcast shape.
+
+    Raises:
+        ShapeError: If the shapes do not broadcast.
+        DTypeError: If an array operand holds no real numbers.
+        TypeError: If neither operand is a Var.
+    """
     if type(a) is Var and type(b) is Var:
         return a.tape.apply(O.sub, a, b)
     return _binary(O.sub, _subs, a, b)
 
 
 def mul(a: Operand, b: Operand) -> Var:
-    """a · b, broadcasting (a scalar on either side becomes ``muls``)."""
+    """a · b, broadcasting (``x * y``); a Python scalar on either side becomes one ``muls`` node.
+
+    Args:
+        a: A Var, an array or a Python scalar.
+        b: A Var, an array or a Python scalar.
+
+    Returns:
+        A Var of the broadcast shape.
+
+    Raises:
+        ShapeError: If the shapes do not broadcast.
+        DTypeError: If an array operand holds no real numbers.
+        TypeError: If neither operand is a Var.
+    """
     if type(a) is Var and type(b) is Var:
         return a.tape.apply(O.mul, a, b)
     return _binary(O.mul, _muls, a, b)
 
 
 def div(a: Operand, b: Operand) -> Var:
-    """a / b, broadcasting (a scalar divisor becomes ``divs``, a scalar dividend ``rdivs``)."""
+    """a / b, broadcasting (``x / y``); a scalar divisor becomes ``divs``, a scalar dividend ``rdivs``.
+
+    Args:
+        a: A Var, an array or a Python scalar.
+        b: A Var, an array or a Python scalar.
+
+    Returns:
+        A Var of the broadcast shape.
+
+    Raises:
+        ShapeError: If the shapes do not broadcast.
+        DTypeError: If an array operand holds no real numbers.
+        TypeError: If neither operand is a Var.
+    """
     return _binary(O.div, _divs, a, b)
 
 
 def maximum(a: Operand, b: Operand) -> Var:
-    """Elementwise max, broadcasting; ties share the gradient equally."""
+    """Elementwise max, broadcasting; where a == b the two share the gradient equally.
+
+    Args:
+        a: A Var, an array or a Python scalar.
+        b: A Var, an array or a Python scalar.
+
+    Returns:
+        A Var of the broadcast shape.
+
+    Raises:
+        ShapeError: If the shapes do not broadcast.
+        DTypeError: If an array operand holds no real numbers.
+        TypeError: If neither operand is a Var.
+    """
     return _binary(O.maximum, None, a, b)
+
+
+_UNARY_SECTIONS = """
+
+    Args:
+        a: The input.
+
+    Returns:
+        A Var of ``a``'s shape.
+    """
 
 
 def _unary(op) -> Callable[[Var], Var]:
     def f(a: Var) -> Var:
         return a.tape.apply(op, a)
     f.__name__ = op.name
-    f.__doc__ = op.doc or f"elementwise {op.name}"
+    f.__doc__ = f"Elementwise: {op.doc or op.name}." + _UNARY_SECTIONS
     return f
 
 
@@ -169,17 +244,38 @@ neg, relu, sigmoid, tanh, exp, log, sqrt, abs, square, stop_gradient, finite_or_
     _unary(getattr(O, n)) for n in ("neg", "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "abs", "square",
                                     "stop_gradient", "finite_or_zero"))
 
-stop_gradient.__doc__ = """``a`` itself, as a constant of the loss: no gradient flows back through it (``jax.lax.stop_gradient``).
+stop_gradient.__doc__ = """``a`` itself, as a constant of the loss: no gradient flows back through it.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape(); w = tape.param(np.array([3.0]))
-    >>> _ = tape.backward((w * tg.stop_gradient(w)).sum()); tape.grad(w).tolist()
-    [3.0]
+    As ``jax.lax.stop_gradient``.
+
+    Args:
+        a: The input.
+
+    Returns:
+        A Var of ``a``'s value through which no gradient flows.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape(); w = tape.param(np.array([3.0]))
+        >>> loss = (w * tg.stop_gradient(w)).sum()
+        >>> _ = tape.backward(loss); tape.grad(w).tolist()
+        [3.0]
     """
 
 
 def power(a: Var, p: float) -> Var:
-    """a ** p for a constant p (``square`` when p == 2)."""
+    """a ** p for a constant exponent (``x ** p``); p == 2 records ``square``.
+
+    Args:
+        a: The base.
+        p: The exponent, a number.
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Raises:
+        TypeError: If ``p`` is not a constant number (a Var, an array).
+    """
     if not _scalar(p):
         raise TypeError(f"{at('pow', len(a.tape))}: the exponent must be a constant number, got {type(p).__name__}")
     return a.tape.apply(O.square if p == 2 else O.pow, a, None, None if p == 2 else float(p))
@@ -195,6 +291,33 @@ def _axes(opname, a, axis, keepdims):
         return (check_axes(a.shape, axis), bool(keepdims))
     except Bad as e:
         raise ShapeError(f"{at(opname, len(a.tape))}: {e}") from None
+
+
+_REDUCE_DOCS = {
+    "sum": "Sum over ``axis``.",
+    "mean": "Mean over ``axis``; the gradient is exactly g/n.",
+    "max": "Maximum over ``axis``; tied maxima share the gradient equally.",
+    "min": "Minimum over ``axis``; tied minima share the gradient equally.",
+    "prod": "Product over ``axis`` in NumPy's sequential order; the gradient, from prefix and suffix products, is "
+            "exact with zeros.",
+    "logsumexp": "log Σ exp over ``axis``, shifted by the max (no overflow); gradient g·exp(a − out).",
+}
+_REDUCE_SECTIONS = """
+
+    Args:
+        a: The input.
+        axis: An axis, a tuple of axes, or None for all.
+        keepdims: Keep each reduced axis with length 1, as NumPy.
+        dtype: Not supported on a Var (``np.sum(var)`` passes None); anything else raises.
+        out: Not supported on a Var (``np.sum(var)`` passes None); anything else raises.
+
+    Returns:
+        A Var of ``a``'s shape without the reduced axes (with ``keepdims``: of length 1).
+
+    Raises:
+        ShapeError: If an axis is out of range or repeated, or (``max``) an axis to reduce is empty.
+        ArgumentError: If ``dtype`` or ``out`` is given.
+    """
 
 
 def _reduce(op) -> Reduction:
@@ -214,7 +337,7 @@ def _reduce(op) -> Reduction:
             return a.tape._fail(e)
         return a.tape.apply(op, a, None, s)
     f.__name__ = op.name
-    f.__doc__ = f"{op.doc}. ``axis``: int, tuple or None (all); ``keepdims`` as in NumPy."
+    f.__doc__ = _REDUCE_DOCS[op.name] + _REDUCE_SECTIONS
     return f
 
 
@@ -222,19 +345,55 @@ sum, mean, max = (_reduce(getattr(O, n)) for n in ("sum", "mean", "max"))
 
 
 def matmul(a: Operand, b: Operand) -> Var:
-    """(m, k) @ (k, n) through BLAS."""
+    """The matrix product (m, k) @ (k, n) through BLAS (``x @ w``).
+
+    Args:
+        a: An (m, k) Var or array.
+        b: A (k, n) Var or array.
+
+    Returns:
+        An (m, n) Var.
+
+    Raises:
+        ShapeError: If an operand is not 2-D or the inner dimensions differ.
+        TypeError: If neither operand is a Var.
+    """
     if type(a) is Var and type(b) is Var:
         return a.tape.apply(O.matmul, a, b)
     return _binary(O.matmul, None, a, b)
 
 
 def bmm(a: Operand, b: Operand) -> Var:
-    """Batched (B, m, k) @ (B, k, n)."""
+    """The batched matrix product (B, m, k) @ (B, k, n).
+
+    Args:
+        a: A (B, m, k) Var or array.
+        b: A (B, k, n) Var or array.
+
+    Returns:
+        A (B, m, n) Var.
+
+    Raises:
+        ShapeError: If an operand is not 3-D, or the batch or inner dimensions differ.
+        TypeError: If neither operand is a Var.
+    """
     return _binary(O.bmm, None, a, b)
 
 
 def transpose(a: Var, axes: Axis = None) -> Var:
-    """Permute axes (default: reverse them), as ``numpy.transpose``."""
+    """``a`` with its axes permuted, as ``numpy.transpose`` (``x.T`` reverses them).
+
+    Args:
+        a: The input.
+        axes: A permutation of ``range(a.ndim)`` (negative axes count from the end); None reverses
+            the axes.
+
+    Returns:
+        A Var of the permuted shape.
+
+    Raises:
+        ShapeError: If ``axes`` is not a permutation of the input's axes.
+    """
     if a.id < 0:
         return a
     if axes is not None:
@@ -248,7 +407,19 @@ def transpose(a: Var, axes: Axis = None) -> Var:
 
 
 def reshape(a: Var, *shape: Ints) -> Var:
-    """A copy with a new shape (one -1 is inferred, as in NumPy)."""
+    """A copy of ``a`` with a new shape, as ``numpy.reshape``.
+
+    Args:
+        a: The input.
+        *shape: The new shape, as ints (``reshape(x, 2, 3)``) or one sequence
+            (``reshape(x, (2, 3))``); one -1 is inferred.
+
+    Returns:
+        A Var of the new shape, the elements in row-major order.
+
+    Raises:
+        ShapeError: If the sizes differ or a dimension is not an int.
+    """
     if a.id < 0:
         return a
     given: tuple[Any, ...] = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)) \
@@ -265,7 +436,18 @@ def reshape(a: Var, *shape: Ints) -> Var:
 
 
 def broadcast_to(a: Var, shape: Sequence[int]) -> Var:
-    """Broadcast to ``shape`` (the gradient sums back over the stretched axes)."""
+    """``a`` broadcast to ``shape``; the gradient sums back over the stretched axes.
+
+    Args:
+        a: The input.
+        shape: The target shape (NumPy's rules: trailing dims equal or 1).
+
+    Returns:
+        A Var of ``shape``.
+
+    Raises:
+        ShapeError: If ``a`` does not broadcast to ``shape``.
+    """
     return a.tape.apply(O.broadcast_to, a, None, tuple(int(n) for n in shape))
 
 
@@ -278,15 +460,44 @@ def _axis_op(op) -> AxisOp:
                                            f"input of shape {a.shape}"))
         return a.tape.apply(op, a, None, int(axis) % a.ndim)
     f.__name__ = op.name
-    f.__doc__ = op.doc
+    f.__doc__ = _AXIS_DOCS[op.name] + """
+
+    Args:
+        a: The input.
+        axis: The axis to normalise along.
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Raises:
+        ShapeError: If ``axis`` is out of range.
+    """
     return f
+
+
+_AXIS_DOCS = {"softmax": "exp(a − max) / Σ exp(a − max) along ``axis``.",
+              "logsoftmax": "a − max − log Σ exp(a − max) along ``axis`` (for cross-entropy)."}
 
 
 softmax, log_softmax = _axis_op(O.softmax), _axis_op(O.logsoftmax)
 
 
 def concat(xs: Iterable[Operand], axis: int = 0) -> Var:
-    """Join Vars along ``axis`` (a chain of binary ``concat`` nodes)."""
+    """Join Vars (and arrays) along an existing ``axis``, as ``numpy.concatenate``.
+
+    Recorded as a chain of binary ``concat`` nodes.
+
+    Args:
+        xs: Vars and arrays, at least one of them a Var; every dimension but ``axis`` equal.
+        axis: The axis to join along.
+
+    Returns:
+        A Var whose ``axis`` is the sum of the inputs' lengths along it.
+
+    Raises:
+        ArgumentError: If ``xs`` is empty or holds no Var.
+        ShapeError: If the other dimensions differ or ``axis`` is out of range.
+    """
     xs = list(xs)
     if not xs or not builtins.any(isinstance(x, Var) for x in xs):
         raise ArgumentError(f"concat: expected a non-empty sequence with at least one Var, got "
@@ -304,13 +515,27 @@ def concat(xs: Iterable[Operand], axis: int = 0) -> Var:
 
 
 def getitem(a: Var, key: Index) -> Var:
-    """NumPy basic indexing (ints, slices with any step, ``None``, ``...``) plus one integer array
-    (or integer data Var) index, as ``x[idx]`` for an embedding lookup: ``take`` along that axis.
+    """``x[key]``: NumPy basic indexing plus one integer array index.
 
-    >>> import tapegrad as tg, numpy as np
-    >>> x = tg.Tape().param(np.arange(12.0).reshape(4, 3))
-    >>> x[::-2, 1].value.tolist(), x[np.array([2, 0]), 1:].value.tolist()
-    ([10.0, 4.0], [[7.0, 8.0], [1.0, 2.0]])
+    Basic indexing takes ints, slices with any step, ``None`` and ``...``; one integer array (or
+    integer data Var) index is a ``take`` along its axis, as ``x[ids]`` for an embedding lookup.
+
+    Args:
+        a: The input.
+        key: The index, as NumPy takes it.
+
+    Returns:
+        A Var of the indexed shape.
+
+    Raises:
+        ShapeError: If an index is out of range, there are too many, or the key holds a bool mask
+            (use ``where``), a second array, or integers on both sides of an array index.
+
+    Examples:
+        >>> import tapegrad as tg, numpy as np
+        >>> x = tg.Tape().param(np.arange(12.0).reshape(4, 3))
+        >>> x[::-2, 1].value.tolist(), x[np.array([2, 0]), 1:].value.tolist()
+        ([10.0, 4.0], [[7.0, 8.0], [1.0, 2.0]])
     """
     if a.id < 0:
         return a
@@ -387,14 +612,42 @@ def _scalar_index(k: object) -> TypeGuard[Union[int, np.integer]]:
 
 
 def mse(y: Operand, t: Operand) -> Var:
-    """Mean squared error mean((y − t)²), a composite of registry ops."""
+    """Mean squared error mean((y − t)²), over every element (a composite of registry ops).
+
+    Args:
+        y: The predictions.
+        t: The targets, broadcasting against ``y``.
+
+    Returns:
+        A 0-d Var.
+
+    Raises:
+        ShapeError: If the shapes do not broadcast.
+    """
     return mean(square(sub(y, t)))
 
 
 def softmax_cross_entropy(logits: Operand, targets: Union[Operand, ArrayLike], axis: int = -1) -> Var:
-    """Mean over rows of −Σ targets · log_softmax(logits) along ``axis`` (one fused node).
+    """Mean over rows of −Σ targets · log_softmax(logits) along ``axis``, as one fused node.
 
-    ``targets`` (one-hot or any distribution per row) may be a Var or an array.
+    Args:
+        logits: The unnormalised log-probabilities.
+        targets: One-hot rows or any distribution per row, of the logits' shape: a Var or an array.
+        axis: The class axis.
+
+    Returns:
+        A 0-d Var.
+
+    Raises:
+        ShapeError: If ``targets`` has another shape than ``logits`` or ``axis`` is out of range.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> logits = tape.param(np.zeros((2, 4)))
+        >>> loss = tg.softmax_cross_entropy(logits, np.eye(4)[[0, 3]])
+        >>> bool(np.isclose(loss.value, np.log(4)))
+        True
     """
     tape = _tape(logits, targets)
     if isinstance(logits, Var):
@@ -457,32 +710,65 @@ log1p, expm1, erf, erfc, lgamma, digamma, sin, cos, tan, asinh, softplus, log_si
                                "softplus", "log_sigmoid"))
 
 
-softplus.__doc__ = """log(1 + eᵃ), elementwise, computed as max(a, 0) + log1p(e^−|a|): finite for every finite a,
-    with gradient sigmoid(a). ``log_sigmoid(a)`` is −softplus(−a), stable the same way.
+softplus.__doc__ = """Elementwise: log(1 + eᵃ), computed as max(a, 0) + log1p(e^−|a|).
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> x = tape.param(np.array([-1000.0, 0.0, 1000.0]))
-    >>> tape.value(tg.softplus(x)).tolist(), tape.value(tg.log_sigmoid(x)).tolist()
-    ([0.0, 0.6931471805599453, 1000.0], [-1000.0, -0.6931471805599453, 0.0])
+    Finite for every finite a, with gradient sigmoid(a). ``log_sigmoid(a)`` is −softplus(−a), stable
+    the same way.
+
+    Args:
+        a: The input.
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> x = tape.param(np.array([-1000.0, 0.0, 1000.0]))
+        >>> tape.value(tg.softplus(x)).tolist()
+        [0.0, 0.6931471805599453, 1000.0]
+        >>> tape.value(tg.log_sigmoid(x)).tolist()
+        [-1000.0, -0.6931471805599453, 0.0]
     """
-log1p.__doc__ = """log(1 + a), elementwise, exact for tiny a where log(1 + a) would round to 0 (``expm1`` likewise).
+log1p.__doc__ = """Elementwise: log(1 + a), exact for tiny a where log(1 + a) would round to 0.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> float(tape.value(tg.log1p(tape.param(np.array(1e-20)))))
-    1e-20
+    ``expm1`` is eᵃ − 1, exact near 0 likewise.
+
+    Args:
+        a: The input (a > −1).
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> float(tape.value(tg.log1p(tape.param(np.array(1e-20)))))
+        1e-20
     """
 
 
 def atan2(a: Operand, b: Operand) -> Var:
-    """The angle of the point (b, a) in (−π, π], elementwise and broadcasting, as ``numpy.arctan2(a, b)``.
+    """The angle of the point (b, a) in (−π, π], elementwise, as ``numpy.arctan2(a, b)``.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> y, x = tape.param(np.array([1.0, -1.0])), tape.param(np.array([0.0, 0.0]))
-    >>> tape.value(tg.atan2(y, x)) / np.pi
-    array([ 0.5, -0.5])
+    Args:
+        a: The y coordinates: a Var, an array or a Python scalar.
+        b: The x coordinates, broadcasting against ``a``.
+
+    Returns:
+        A Var of the broadcast shape.
+
+    Raises:
+        ShapeError: If the shapes do not broadcast.
+        TypeError: If neither operand is a Var.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> y = tape.param(np.array([1.0, -1.0]))
+        >>> x = tape.param(np.array([0.0, 0.0]))
+        >>> tape.value(tg.atan2(y, x)) / np.pi
+        array([ 0.5, -0.5])
     """
     return _binary(O.OPS["atan2"], None, a, b)
 
@@ -522,51 +808,98 @@ def _scan(op) -> Scan:
 
 
 cumsum, cumprod, cummax = (_scan(O.OPS[n]) for n in ("cumsum", "cumprod", "cummax"))
-cumsum.__doc__ = """Running sum along ``axis`` (from the end with ``reverse=True``, as ``lax.cumsum``).
+cumsum.__doc__ = """Running sum along ``axis``, from the end with ``reverse=True`` (as ``lax.cumsum``).
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> x = tape.param(np.array([1.0, 2.0, 3.0]))
-    >>> tape.value(tg.cumsum(x, 0)), tape.value(tg.cumsum(x, 0, reverse=True))
-    (array([1., 3., 6.]), array([6., 5., 3.]))
+    Args:
+        a: The input.
+        axis: The axis to run along.
+        reverse: Run from the end of the axis.
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Raises:
+        ShapeError: If ``axis`` is not an int in range or ``reverse`` not a bool.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> x = tape.param(np.array([1.0, 2.0, 3.0]))
+        >>> tape.value(tg.cumsum(x, 0)), tape.value(tg.cumsum(x, 0, reverse=True))
+        (array([1., 3., 6.]), array([6., 5., 3.]))
     """
-cumprod.__doc__ = """Running product along ``axis`` (``reverse`` as in ``cumsum``); its gradient needs no division,
-    so zeros in ``a`` are fine.
+cumprod.__doc__ = """Running product along ``axis``; its gradient needs no division, so zeros in ``a`` are fine.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> x = tape.param(np.array([2.0, 0.0, 3.0]))
-    >>> tape.backward(tg.cumprod(x, 0).sum()); tape.grad(x)
-    True
-    array([1., 8., 0.])
+    Args:
+        a: The input.
+        axis: The axis to run along.
+        reverse: Run from the end of the axis.
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Raises:
+        ShapeError: If ``axis`` is not an int in range or ``reverse`` not a bool.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> x = tape.param(np.array([2.0, 0.0, 3.0]))
+        >>> tape.backward(tg.cumprod(x, 0).sum()); tape.grad(x)
+        True
+        array([1., 8., 0.])
     """
-cummax.__doc__ = """Running maximum along ``axis`` (``reverse`` as in ``cumsum``); inputs tied with a running max
-    share that output's gradient equally.
+cummax.__doc__ = """Running maximum along ``axis``; inputs tied with a running max share that output's gradient.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> x = tape.param(np.array([1.0, 3.0, 2.0, 3.0]))
-    >>> y = tg.cummax(x, 0); tape.value(y)
-    array([1., 3., 3., 3.])
-    >>> tape.backward(y.sum()); tape.grad(x)
-    True
-    array([1. , 2.5, 0. , 0.5])
+    Args:
+        a: The input.
+        axis: The axis to run along.
+        reverse: Run from the end of the axis.
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Raises:
+        ShapeError: If ``axis`` is not an int in range or ``reverse`` not a bool.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> x = tape.param(np.array([1.0, 3.0, 2.0, 3.0]))
+        >>> y = tg.cummax(x, 0); tape.value(y)
+        array([1., 3., 3., 3.])
+        >>> tape.backward(y.sum()); tape.grad(x)
+        True
+        array([1. , 2.5, 0. , 0.5])
     """
 
 
 def sort(a: Var, axis: int = -1) -> Var:
-    """Sort ascending along ``axis`` (stable; NaN last, as ``numpy.sort``). The gradient of each output goes
-    back to the input it came from, through the stable argsort: of tied inputs, the earlier one receives
-    the earlier output's gradient (as ``jax.grad`` of ``jnp.sort``).
+    """``a`` sorted ascending along ``axis``: stable, NaN last, as ``numpy.sort``.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> x = tape.param(np.array([3.0, 1.0, 2.0]))
-    >>> y = tg.sort(x); tape.value(y)
-    array([1., 2., 3.])
-    >>> tape.backward((y * np.array([1.0, 10.0, 100.0])).sum()); tape.grad(x)
-    True
-    array([100.,   1.,  10.])
+    The gradient of each output goes back to the input it came from, through the stable argsort: of
+    tied inputs, the earlier one receives the earlier output's gradient (as ``jax.grad`` of
+    ``jnp.sort``).
+
+    Args:
+        a: The input.
+        axis: The axis to sort along.
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Raises:
+        ShapeError: If ``axis`` is not an int in range.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> x = tape.param(np.array([3.0, 1.0, 2.0]))
+        >>> y = tg.sort(x); tape.value(y)
+        array([1., 2., 3.])
+        >>> tape.backward((y * np.array([1.0, 10.0, 100.0])).sum()); tape.grad(x)
+        True
+        array([100.,   1.,  10.])
     """
     if a.id < 0:
         return a
@@ -594,26 +927,54 @@ def _moment(name, a, axis, ddof, keepdims):
 
 
 def var(a: Var, axis: Axis = None, ddof: int = 0, keepdims: bool = False) -> Var:
-    """Variance over ``axis`` (None = all) with ``ddof`` delta degrees of freedom: a composite of registry
-    ops computed in ``jnp.var``'s order — mean, centre, square, sum, divide by N − ddof — so it rounds as
-    JAX's does wherever their sums add in the same order. ``ddof >= N`` is an error (JAX returns NaN).
+    """Variance over ``axis``, as ``jnp.var``.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> x = tape.param(np.array([1.0, 2.0, 3.0, 4.0]))
-    >>> float(tape.value(tg.var(x))), float(tape.value(tg.var(x, ddof=1)))
-    (1.25, 1.6666666666666667)
+    A composite of registry ops computed in ``jnp.var``'s order — mean, centre, square, sum, divide
+    by N − ddof — so it rounds as JAX's does wherever their sums add in the same order. ``ddof >= N``
+    is an error (JAX returns NaN).
+
+    Args:
+        a: The input.
+        axis: An axis, a tuple of axes, or None for all.
+        ddof: Delta degrees of freedom: the sum of squares is divided by N − ddof.
+        keepdims: Keep each reduced axis with length 1, as NumPy.
+
+    Returns:
+        A Var of ``a``'s shape without the reduced axes (with ``keepdims``: of length 1).
+
+    Raises:
+        ShapeError: If an axis is out of range or repeated, or ``ddof`` is not an int in [0, N).
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> x = tape.param(np.array([1.0, 2.0, 3.0, 4.0]))
+        >>> float(tape.value(tg.var(x))), float(tape.value(tg.var(x, ddof=1)))
+        (1.25, 1.6666666666666667)
     """
     return _moment("var", a, axis, ddof, keepdims)[0]
 
 
 def std(a: Var, axis: Axis = None, ddof: int = 0, keepdims: bool = False) -> Var:
-    """Standard deviation: ``sqrt(var(a, axis, ddof, keepdims))``, as ``jnp.std``.
+    """Standard deviation over ``axis``: ``sqrt(var(a, axis, ddof, keepdims))``, as ``jnp.std``.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> float(tape.value(tg.std(tape.param(np.array([1.0, 3.0])))))
-    1.0
+    Args:
+        a: The input.
+        axis: An axis, a tuple of axes, or None for all.
+        ddof: Delta degrees of freedom: the sum of squares is divided by N − ddof.
+        keepdims: Keep each reduced axis with length 1, as NumPy.
+
+    Returns:
+        A Var of ``a``'s shape without the reduced axes (with ``keepdims``: of length 1).
+
+    Raises:
+        ShapeError: If an axis is out of range or repeated, or ``ddof`` is not an int in [0, N).
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> float(tape.value(tg.std(tape.param(np.array([1.0, 3.0])))))
+        1.0
     """
     v, ok = _moment("std", a, axis, ddof, keepdims)
     return sqrt(v) if ok else v
@@ -626,25 +987,38 @@ for _f in (cumsum, cumprod, cummax, sort, min, prod, logsumexp, var, std):
 # ── selection and indexing (ops.index) ─────────────────────────────────────────────
 
 def where(mask: Union[Data, Var], a: Operand, b: Operand) -> Var:
-    """``a`` where the bool ``mask`` holds, else ``b``, broadcasting all three (``jnp.where``).
-
-    ``mask`` is a bool array or data Var, or a float Var computed on the tape (``tg.greater(x, 0)``):
-    nonzero elements select ``a``. A captured program then computes the mask itself on every call.
+    """``a`` where ``mask`` holds, else ``b``, broadcasting all three (``jnp.where``).
 
     The branch not taken receives exact zeros in backward, so its values (a ``-inf`` mask fill) never
-    leak into the result or the gradient — a masked softmax:
+    leak into the result or the gradient. As in JAX, a branch that is NaN where it is not taken
+    still poisons the gradient through its own rule (``0 · ∞``): guard the input too
+    (``where(m, sqrt(where(m, x, 1)), 0)``).
 
-    >>> import tapegrad as tg, numpy as np
-    >>> tape = tg.Tape()
-    >>> x = tape.param(np.array([0.0, np.log(3.0), 5.0]))
-    >>> p = tg.where(np.array([True, True, False]), x, -np.inf).softmax()
-    >>> p.value.tolist()
-    [0.25, 0.75, 0.0]
-    >>> tape.backward(p[1]), tape.grad(x).tolist()
-    (True, [-0.1875, 0.1875, 0.0])
+    Args:
+        mask: A bool array or bool data Var, or a float Var computed on the tape
+            (``tg.greater(x, 0)``), whose nonzero elements select ``a``: a captured program then
+            computes the mask itself on every call.
+        a: The values where the mask holds: a Var, an array or a Python scalar.
+        b: The values elsewhere.
 
-    As in JAX, a branch that is NaN where it is not taken still poisons the gradient through its own
-    rule (``0 · ∞``): guard the input too (``where(m, sqrt(where(m, x, 1)), 0)``).
+    Returns:
+        A Var of the broadcast shape.
+
+    Raises:
+        ArgumentError: If ``mask`` is an array (or data Var) that is not bool.
+        ShapeError: If the three shapes do not broadcast.
+
+    Examples:
+        A masked softmax:
+
+        >>> import tapegrad as tg, numpy as np
+        >>> tape = tg.Tape()
+        >>> x = tape.param(np.array([0.0, np.log(3.0), 5.0]))
+        >>> p = tg.where(np.array([True, True, False]), x, -np.inf).softmax()
+        >>> p.value.tolist()
+        [0.25, 0.75, 0.0]
+        >>> tape.backward(p[1]), tape.grad(x).tolist()
+        (True, [-0.1875, 0.1875, 0.0])
     """
     tape = _tape(a, b, mask)
     with tape._lifted():
@@ -679,24 +1053,51 @@ equal = _comparison(OR.equal)
 not_equal = _comparison(OR.not_equal)
 for _f, _what in ((greater, "a > b"), (greater_equal, "a ≥ b"), (less, "a < b"), (less_equal, "a ≤ b"),
                   (equal, "a == b"), (not_equal, "a ≠ b")):
-    _f.__doc__ = (f"1.0 where {_what}, else 0.0, broadcasting: a float mask on the tape for ``where`` (no "
-                  f"gradient flows through it).")
+    _f.__doc__ = f"""1.0 where {_what}, else 0.0, broadcasting: a float mask on the tape for ``where``.
+
+    No gradient flows through it.
+
+    Args:
+        a: A Var, an array or a Python scalar.
+        b: A Var, an array or a Python scalar.
+
+    Returns:
+        A Var of the broadcast shape holding 0.0 and 1.0.
+
+    Raises:
+        ShapeError: If the shapes do not broadcast.
+        TypeError: If neither operand is a Var.
+    """
 for _f, _name in ((greater, "greater"), (greater_equal, "greater_equal"), (less, "less"),
                   (less_equal, "less_equal"), (equal, "equal"), (not_equal, "not_equal")):
     _f.__name__ = _f.__qualname__ = _name
 
 
 def with_grad(value: Operand, path: Var) -> Var:
-    """``value``'s value with ``path``'s gradient: the backward passes the incoming gradient to ``path``
-    unchanged and nothing to ``value``. A straight-through estimator, or a custom derivative rule
-    recorded as a value and a linear path:
+    """``value``'s value with ``path``'s gradient.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> x = tape.param(np.array([0.4, 1.6]))
-    >>> y = tg.with_grad(tape.const(np.round(x.value)), x)     # round forward, identity backward
-    >>> y.value.tolist(), (tape.backward((y * 3.0).sum()), tape.grad(x).tolist())
-    ([0.0, 2.0], (True, [3.0, 3.0]))
+    The backward passes the incoming gradient to ``path`` unchanged and nothing to ``value``: a
+    straight-through estimator, or a custom derivative rule recorded as a value and a linear path.
+
+    Args:
+        value: What the forward computes: a Var or an array.
+        path: The Var the gradient flows to, of ``value``'s shape.
+
+    Returns:
+        A Var of ``value``'s value.
+
+    Raises:
+        ShapeError: If ``value`` and ``path`` have different shapes.
+
+    Examples:
+        Round forward, identity backward:
+
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> x = tape.param(np.array([0.4, 1.6]))
+        >>> y = tg.with_grad(tape.const(np.round(x.value)), x)
+        >>> y.value.tolist(), (tape.backward((y * 3.0).sum()), tape.grad(x).tolist())
+        ([0.0, 2.0], (True, [3.0, 3.0]))
     """
     tape = _tape(path, value)
     with tape._lifted():
@@ -704,10 +1105,27 @@ def with_grad(value: Operand, path: Var) -> Var:
 
 
 def take(a: Var, indices: Data, axis: int = 0) -> Var:
-    """``a`` gathered at integer ``indices`` along ``axis`` (``np.take``; an embedding lookup).
+    """``a`` gathered at integer ``indices`` along ``axis``, as ``np.take`` (an embedding lookup).
 
-    Indices are a data Var or an integer array; out-of-range indices raise (see ``tapegrad.ops.index``).
     The gradient is a scatter-add in increasing index position, the same on every backend.
+
+    Args:
+        a: The input.
+        indices: An integer array or integer data Var; negative indices count from the end.
+        axis: The axis to gather along.
+
+    Returns:
+        A Var of shape ``a.shape[:axis] + indices.shape + a.shape[axis + 1:]``.
+
+    Raises:
+        ArgumentError: If ``indices`` is not integer data.
+        ShapeError: If an index or ``axis`` is out of range (JAX would clamp the index silently).
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> E = tg.Tape().param(np.arange(6.0).reshape(3, 2))
+        >>> tg.take(E, np.array([2, 0, 2])).value.tolist()
+        [[4.0, 5.0], [0.0, 1.0], [4.0, 5.0]]
     """
     if a.id < 0:
         return a
@@ -716,13 +1134,28 @@ def take(a: Var, indices: Data, axis: int = 0) -> Var:
 
 
 def take_along_axis(a: Var, indices: Data, axis: int) -> Var:
-    """``np.take_along_axis``: ``indices`` shaped like ``a`` except along ``axis``.
+    """``a`` gathered along ``axis`` at ``indices`` shaped like ``a``, as ``np.take_along_axis``.
 
-    >>> import tapegrad as tg, numpy as np
-    >>> logp = tg.Tape().param(np.log([[0.5, 0.5], [0.25, 0.75]]))
-    >>> labels = np.array([[1], [0]])
-    >>> bool(-tg.take_along_axis(logp, labels, axis=1).mean().value == -np.log([0.5, 0.25]).mean())
-    True
+    Args:
+        a: The input.
+        indices: An integer array or integer data Var of ``a``'s rank, whose other axes broadcast
+            against ``a``'s.
+        axis: The axis to gather along.
+
+    Returns:
+        A Var of ``a``'s shape with ``axis`` of ``indices``' length.
+
+    Raises:
+        ArgumentError: If ``indices`` is not integer data.
+        ShapeError: If the shapes do not fit, or an index or ``axis`` is out of range.
+
+    Examples:
+        >>> import tapegrad as tg, numpy as np
+        >>> logp = tg.Tape().param(np.log([[0.5, 0.5], [0.25, 0.75]]))
+        >>> labels = np.array([[1], [0]])
+        >>> nll = -tg.take_along_axis(logp, labels, axis=1).mean()
+        >>> bool(nll.value == -np.log([0.5, 0.25]).mean())
+        True
     """
     if a.id < 0:
         return a
@@ -754,23 +1187,82 @@ def _scatter_lifted(op, a, indices, values, axis):
 
 
 def index_add(a: Var, indices: Data, values: Operand, axis: int = 0) -> Var:
-    """``a.at[indices].add(values)`` along ``axis``: repeated indices accumulate, in index order.
+    """JAX's ``a.at[indices].add(values)`` along ``axis``: repeated indices accumulate, in index order.
 
-    >>> import tapegrad as tg, numpy as np
-    >>> x = tg.Tape().param(np.zeros(3))
-    >>> tg.index_add(x, [0, 2, 0], 1.0).value.tolist()
-    [2.0, 0.0, 1.0]
+    Args:
+        a: The input.
+        indices: An integer array or integer data Var; negative indices count from the end.
+        values: The updates (a Var, an array or a scalar), broadcasting to
+            ``a.shape[:axis] + indices.shape + a.shape[axis + 1:]``.
+        axis: The axis the indices select along.
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Raises:
+        ArgumentError: If ``indices`` is not integer data.
+        ShapeError: If ``values`` does not fit, or an index or ``axis`` is out of range.
+
+    Examples:
+        >>> import tapegrad as tg, numpy as np
+        >>> x = tg.Tape().param(np.zeros(3))
+        >>> tg.index_add(x, [0, 2, 0], 1.0).value.tolist()
+        [2.0, 0.0, 1.0]
     """
     return _scatter(OX.index_add, a, indices, values, axis)
 
 
 def index_set(a: Var, indices: Data, values: Operand, axis: int = 0) -> Var:
-    """``a.at[indices].set(values)`` along ``axis``; with repeated indices the last occurrence wins."""
+    """JAX's ``a.at[indices].set(values)`` along ``axis``; of repeated indices the last one wins.
+
+    Overwritten elements of ``a`` and the losing updates get no gradient.
+
+    Args:
+        a: The input.
+        indices: An integer array or integer data Var; negative indices count from the end.
+        values: The updates (a Var, an array or a scalar), broadcasting to
+            ``a.shape[:axis] + indices.shape + a.shape[axis + 1:]``.
+        axis: The axis the indices select along.
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Raises:
+        ArgumentError: If ``indices`` is not integer data.
+        ShapeError: If ``values`` does not fit, or an index or ``axis`` is out of range.
+
+    Examples:
+        >>> import tapegrad as tg, numpy as np
+        >>> x = tg.Tape().param(np.zeros(3))
+        >>> tg.index_set(x, [0, 2, 0], np.array([1.0, 2.0, 3.0])).value.tolist()
+        [3.0, 0.0, 2.0]
+    """
     return _scatter(OX.index_set, a, indices, values, axis)
 
 
 def dynamic_slice(a: Var, starts: Data, sizes: Sequence[int]) -> Var:
-    """``lax.dynamic_slice``: a window of ``sizes`` at data-dependent ``starts`` (clamped to fit)."""
+    """A window of ``sizes`` at data-dependent ``starts``, as ``lax.dynamic_slice``.
+
+    Negative starts count from the end; then the starts are clamped so the window fits.
+
+    Args:
+        a: The input.
+        starts: One integer per axis: an integer array or integer data Var (a program's input slot).
+        sizes: The window's shape, one size per axis, each at most the axis' length.
+
+    Returns:
+        A Var of shape ``sizes``.
+
+    Raises:
+        ArgumentError: If ``starts`` is not integer data.
+        ShapeError: If ``starts`` or ``sizes`` do not give one entry per axis, or a size is too large.
+
+    Examples:
+        >>> import tapegrad as tg, numpy as np
+        >>> x = tg.Tape().param(np.arange(5.0))
+        >>> tg.dynamic_slice(x, np.array([4]), (2,)).value.tolist()
+        [3.0, 4.0]
+    """
     if a.id < 0:
         return a
     with a.tape._lifted():
@@ -779,7 +1271,22 @@ def dynamic_slice(a: Var, starts: Data, sizes: Sequence[int]) -> Var:
 
 
 def dynamic_update_slice(a: Var, update: Operand, starts: Data) -> Var:
-    """``lax.dynamic_update_slice``: ``a`` with ``update`` written at ``starts`` (clamped to fit)."""
+    """``a`` with ``update`` written at data-dependent ``starts``, as ``lax.dynamic_update_slice``.
+
+    The starts are clamped so the update fits, as ``dynamic_slice``'s.
+
+    Args:
+        a: The input.
+        update: A Var or array of ``a``'s rank that fits inside it.
+        starts: One integer per axis: an integer array or integer data Var.
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Raises:
+        ArgumentError: If ``starts`` is not integer data.
+        ShapeError: If ``update`` does not fit inside ``a`` or ``starts`` has the wrong length.
+    """
     if a.id < 0:
         return a
     tape = a.tape
@@ -789,8 +1296,20 @@ def dynamic_update_slice(a: Var, update: Operand, starts: Data) -> Var:
 
 
 def flip(a: Var, axis: Axis = None) -> Var:
-    """Reverse the order of elements along ``axis`` (an int, a tuple, or None for every axis): JAX's
-    ``rev``, as a slice with step −1."""
+    """``a`` with the order of its elements reversed along ``axis`` (JAX's ``rev``).
+
+    Recorded as a slice with step −1.
+
+    Args:
+        a: The input.
+        axis: An axis, a tuple of axes, or None for every axis.
+
+    Returns:
+        A Var of ``a``'s shape.
+
+    Raises:
+        ShapeError: If an axis is out of range.
+    """
     if a.id < 0:
         return a
     try:
@@ -805,7 +1324,18 @@ def flip(a: Var, axis: Axis = None) -> Var:
 
 
 def stack(xs: Iterable[Var], axis: int = 0) -> Var:
-    """Join Vars of one shape along a new ``axis`` (reshape each, then ``concat``)."""
+    """Join Vars of one shape along a new ``axis``, as ``numpy.stack`` (reshape each, then ``concat``).
+
+    Args:
+        xs: Vars of one shape.
+        axis: Where the new axis goes in the result.
+
+    Returns:
+        A Var with one more axis, of length ``len(xs)``.
+
+    Raises:
+        ShapeError: If ``xs`` is empty, the shapes differ, or ``axis`` is out of range.
+    """
     xs = list(xs)
     if not xs:
         raise ShapeError("stack: expected at least one Var, got an empty sequence")
@@ -818,7 +1348,25 @@ def stack(xs: Iterable[Var], axis: int = 0) -> Var:
 
 
 def split(a: Var, indices_or_sections: Ints, axis: int = 0) -> list[Var]:
-    """``np.split``: a list of slices of ``a`` along ``axis`` (equal sections, or at the given indices)."""
+    """Slices of ``a`` along ``axis``, as ``np.split``.
+
+    Args:
+        a: The input.
+        indices_or_sections: A number of equal sections, or the indices to cut at.
+        axis: The axis to split.
+
+    Returns:
+        The pieces, a list of Vars.
+
+    Raises:
+        ShapeError: If the axis does not split into equal sections or ``axis`` is out of range.
+
+    Examples:
+        >>> import tapegrad as tg, numpy as np
+        >>> x = tg.Tape().param(np.arange(5.0))
+        >>> [v.value.tolist() for v in tg.split(x, [1, 3])]
+        [[0.0], [1.0, 2.0], [3.0, 4.0]]
+    """
     if a.id < 0:
         return [a]
     ax = _norm_axis(axis, a.ndim)
@@ -896,25 +1444,42 @@ def conv(x: Operand, w: Operand, stride: Ints = 1, padding: Padding = "VALID", l
          rhs_dilation: Ints = 1, groups: int = 1, layout: str = "NCHW") -> Var:
     """N-D convolution (1-D, 2-D, 3-D, ...): ``jax.lax.conv_general_dilated`` on the tape.
 
-    Layout "NCHW": ``x`` is (N, C, *spatial) and the kernel ``w`` is (O, C/groups, *k) (OIHW);
-    layout "NHWC": ``x`` is (N, *spatial, C) and ``w`` is (*k, C/groups, O) (HWIO). The output has the
-    input's layout. ("NCW"/"NCDHW" and "NWC"/"NDHWC" name the same two layouts in 1-D/3-D.)
-    The arguments map one to one onto ``lax.conv_general_dilated(lhs=x, rhs=w, window_strides=stride,
-    padding=padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
-    dimension_numbers=(layout, "OIHW" or "HWIO", layout), feature_group_count=groups)``; an int stands
-    for the same value in every spatial dim. ``padding`` is "VALID", "SAME", "SAME_LOWER" (resolved to
-    (lo, hi) pairs over the rhs-dilated kernel exactly as ``lax.padtype_to_pads`` does; like lax, not
-    with lhs_dilation > 1) or one (lo, hi) pair of non-negative ints per spatial dim.
+    The arguments map one to one onto ``lax.conv_general_dilated(lhs=x, rhs=w,
+    window_strides=stride, padding=padding, lhs_dilation=lhs_dilation, rhs_dilation=rhs_dilation,
+    dimension_numbers=(layout, "OIHW" or "HWIO", layout), feature_group_count=groups)``; an int
+    stands for the same value in every spatial dimension.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> x = tape.const(np.arange(16.0).reshape(1, 1, 4, 4))
-    >>> w = tape.param(np.ones((2, 1, 3, 3)))
-    >>> y = tg.conv(x, w, padding="SAME")
-    >>> y.shape
-    (1, 2, 4, 4)
-    >>> tape.value(y)[0, 0, 0]
-    array([10., 18., 24., 18.])
+    Args:
+        x: The input: (N, C, *spatial) in layout "NCHW", (N, *spatial, C) in "NHWC".
+        w: The kernel: (O, C/groups, *k) (OIHW) in layout "NCHW", (*k, C/groups, O) (HWIO) in
+            "NHWC".
+        stride: The window strides.
+        padding: "VALID", "SAME", "SAME_LOWER" (resolved to (lo, hi) pairs over the rhs-dilated
+            kernel exactly as ``lax.padtype_to_pads`` does; like lax, not with lhs_dilation > 1), or
+            one (lo, hi) pair of non-negative ints per spatial dimension.
+        lhs_dilation: The input dilation (a transposed convolution's stride).
+        rhs_dilation: The kernel dilation (atrous convolution).
+        groups: The feature groups (``feature_group_count``); C and O must divide by it.
+        layout: "NCHW" or "NHWC"; "NCW"/"NCDHW" and "NWC"/"NDHWC" name the same two layouts in
+            1-D and 3-D.
+
+    Returns:
+        A Var in the input's layout.
+
+    Raises:
+        ShapeError: If the layout, ranks, channels, strides, dilations or padding do not fit.
+        TypeError: If neither ``x`` nor ``w`` is a Var.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> x = tape.const(np.arange(16.0).reshape(1, 1, 4, 4))
+        >>> w = tape.param(np.ones((2, 1, 3, 3)))
+        >>> y = tg.conv(x, w, padding="SAME")
+        >>> y.shape
+        (1, 2, 4, 4)
+        >>> tape.value(y)[0, 0, 0]
+        array([10., 18., 24., 18.])
     """
     tape = _tape(x, w)
     if builtins.any(isinstance(v, Var) and v.id < 0 for v in (x, w)):
@@ -991,33 +1556,62 @@ def _pool(op) -> Pool:
 max_pool = _pool(O.OPS["max_pool"])
 max_pool.__doc__ = """Max pooling: ``jax.lax.reduce_window(x, -inf, lax.max, window, strides, padding)``.
 
-    ``window`` (and ``strides``, ``padding`` pairs) give one entry per axis of ``x``, as in
-    ``reduce_window``; with ``layout`` ("NCHW" or "NHWC") they give one per spatial axis and the batch
-    and channel windows are 1 (flax's ``max_pool`` is ``layout="NHWC"``). ``strides`` defaults to the
-    window (non-overlapping windows); ``padding`` is "VALID", "SAME", "SAME_LOWER" (resolved as
-    ``lax.padtype_to_pads``) or (lo, hi) pairs; padding holds −inf. The gradient of each window goes to
-    its FIRST maximum, scanning the window in row-major order (what ``jax.grad`` of ``reduce_window``
-    max does, through ``select_and_scatter_add``); NaN windows send none.
+    Padding holds −inf. The gradient of each window goes to its FIRST maximum, scanning the window
+    in row-major order (what ``jax.grad`` of ``reduce_window`` max does, through
+    ``select_and_scatter_add``); NaN windows send none.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> x = tape.param(np.array([[[[1.0, 3.0], [3.0, 2.0]]]]))
-    >>> y = tg.max_pool(x, 2, layout="NCHW")
-    >>> tape.backward(y.sum()); tape.grad(x)[0, 0]
-    True
-    array([[0., 1.],
-           [0., 0.]])
+    Args:
+        x: The input.
+        window: The window: one size per axis of ``x``, as in ``reduce_window``; with ``layout``,
+            one per spatial axis (the batch and channel windows are 1). An int stands for all.
+        strides: The strides, given as ``window`` is; None: the window (non-overlapping windows).
+        padding: "VALID", "SAME", "SAME_LOWER" (resolved as ``lax.padtype_to_pads``) or (lo, hi)
+            pairs, given as ``window`` is.
+        layout: "NCHW" or "NHWC" (flax's pools are "NHWC"), or None: every axis is pooled as given.
+
+    Returns:
+        A Var of the pooled shape.
+
+    Raises:
+        ShapeError: If the window, strides, padding or layout do not fit ``x``.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> x = tape.param(np.array([[[[1.0, 3.0], [3.0, 2.0]]]]))
+        >>> y = tg.max_pool(x, 2, layout="NCHW")
+        >>> tape.backward(y.sum()); tape.grad(x)[0, 0]
+        True
+        array([[0., 1.],
+               [0., 0.]])
     """
 
 sum_pool = _pool(O.OPS["sum_pool"])
 sum_pool.__doc__ = """Sum pooling: ``jax.lax.reduce_window(x, 0, lax.add, window, strides, padding)``.
 
-    Arguments as ``max_pool``; padding holds 0. The window positions are added in row-major order.
+    Padding holds 0. The window positions are added in row-major order.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> tape.value(tg.sum_pool(tape.const(np.arange(6.0).reshape(1, 6, 1)), 3, layout="NHWC")).ravel()
-    array([ 3., 12.])
+    Args:
+        x: The input.
+        window: The window: one size per axis of ``x``, as in ``reduce_window``; with ``layout``,
+            one per spatial axis (the batch and channel windows are 1). An int stands for all.
+        strides: The strides, given as ``window`` is; None: the window (non-overlapping windows).
+        padding: "VALID", "SAME", "SAME_LOWER" (resolved as ``lax.padtype_to_pads``) or (lo, hi)
+            pairs, given as ``window`` is.
+        layout: "NCHW" or "NHWC" (flax's pools are "NHWC"), or None: every axis is pooled as given.
+
+    Returns:
+        A Var of the pooled shape.
+
+    Raises:
+        ShapeError: If the window, strides, padding or layout do not fit ``x``.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> x = tape.const(np.arange(6.0).reshape(1, 6, 1))
+        >>> tape.value(tg.sum_pool(x, 3, layout="NHWC")).ravel()
+        array([ 3., 12.])
     """
 
 
@@ -1029,10 +1623,27 @@ def avg_pool(x: Var, window: Ints, strides: Optional[Ints] = None, padding: Padd
     stax's ``AvgPool`` instead divides by the number of real elements, which differs only where a
     window overlaps the padding.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> tape.value(tg.avg_pool(tape.const(np.arange(6.0).reshape(1, 6, 1)), 3, layout="NHWC")).ravel()
-    array([1., 4.])
+    Args:
+        x: The input.
+        window: The window: one size per axis of ``x``, as in ``reduce_window``; with ``layout``,
+            one per spatial axis (the batch and channel windows are 1). An int stands for all.
+        strides: The strides, given as ``window`` is; None: the window (non-overlapping windows).
+        padding: "VALID", "SAME", "SAME_LOWER" (resolved as ``lax.padtype_to_pads``) or (lo, hi)
+            pairs, given as ``window`` is.
+        layout: "NCHW" or "NHWC" (flax's pools are "NHWC"), or None: every axis is pooled as given.
+
+    Returns:
+        A Var of the pooled shape.
+
+    Raises:
+        ShapeError: If the window, strides, padding or layout do not fit ``x``.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> x = tape.const(np.arange(6.0).reshape(1, 6, 1))
+        >>> tape.value(tg.avg_pool(x, 3, layout="NHWC")).ravel()
+        array([1., 4.])
     """
     if x.id < 0:
         return x
@@ -1049,16 +1660,26 @@ def avg_pool(x: Var, window: Ints, strides: Optional[Ints] = None, padding: Padd
 def cholesky(a: Operand) -> Var:
     """The lower Cholesky factor L of a symmetric positive definite matrix: L·Lᵀ = (a + aᵀ)/2.
 
-    ``a`` is (…, n, n); leading axes are a batch. The input is symmetrised first, as
-    ``jax.numpy.linalg.cholesky`` does, so the gradient is symmetric and matches ``jax.grad``'s. LAPACK
-    ``potrf``; a matrix that is not positive definite raises ``tapegrad.DomainError`` (tape unchanged).
+    The input is symmetrised first, as ``jax.numpy.linalg.cholesky`` does, so the gradient is
+    symmetric and matches ``jax.grad``'s. LAPACK ``potrf``.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> a = tape.param(np.array([[4.0, 2.0], [2.0, 5.0]]))
-    >>> tape.value(tg.cholesky(a))
-    array([[2., 0.],
-           [1., 2.]])
+    Args:
+        a: A (…, n, n) Var or array; leading axes are a batch.
+
+    Returns:
+        A Var of ``a``'s shape, zero above the diagonal.
+
+    Raises:
+        DomainError: If a matrix is not positive definite (the tape is left unchanged).
+        ShapeError: If ``a`` is not a non-empty square matrix (or a batch of them).
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> a = tape.param(np.array([[4.0, 2.0], [2.0, 5.0]]))
+        >>> tape.value(tg.cholesky(a))
+        array([[2., 0.],
+               [1., 2.]])
     """
     tape = _tape(a)
     return tape.apply(O.OPS["cholesky"], _var(a, tape))
@@ -1066,23 +1687,37 @@ def cholesky(a: Operand) -> Var:
 
 def triangular_solve(a: Operand, b: Operand, left_side: bool = True, lower: bool = True, transpose_a: bool = False,
                      unit_diagonal: bool = False) -> Var:
-    """x with op(a)·x = b (``left_side``) or x·op(a) = b, a triangular; op(a) = aᵀ when ``transpose_a``.
+    """x with op(a)·x = b (``left_side``) or x·op(a) = b for a triangular ``a``; BLAS ``trsm``.
 
     The flags are ``jax.lax.linalg.triangular_solve``'s, with the same meaning; the defaults differ
     (here the left-side lower solve, as ``scipy.linalg.solve_triangular(lower=True)``). Only the
-    ``lower`` (else upper) triangle of ``a`` is read, and not its diagonal when ``unit_diagonal``; the
-    gradient of ``a`` is zero elsewhere. ``a`` is (…, k, k), ``b`` (…, k, n) on the left or (…, m, k)
-    on the right, with equal batch axes. BLAS ``trsm``; a zero on the diagonal gives inf/NaN, as in
-    BLAS and JAX.
+    triangle of ``a`` that ``lower`` names is read, and not its diagonal with ``unit_diagonal``; the
+    gradient of ``a`` is zero elsewhere. A zero on the diagonal gives inf/NaN, as in BLAS and JAX.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> a = tape.param(np.array([[2.0, 0.0], [1.0, 4.0]]))
-    >>> tape.value(tg.triangular_solve(a, np.array([[2.0], [9.0]])))
-    array([[1.],
-           [2.]])
-    >>> tape.value(tg.triangular_solve(a, np.array([[4.0, 8.0]]), left_side=False))
-    array([[1., 2.]])
+    Args:
+        a: A (…, k, k) triangular Var or array.
+        b: (…, k, n) on the left side, (…, m, k) on the right, with ``a``'s batch axes.
+        left_side: Solve op(a)·x = b; False: x·op(a) = b.
+        lower: Read the lower triangle of ``a``; False: the upper one.
+        transpose_a: op(a) = aᵀ; False: op(a) = a.
+        unit_diagonal: Take the diagonal of ``a`` as ones, without reading it.
+
+    Returns:
+        A Var of ``b``'s shape.
+
+    Raises:
+        ShapeError: If the shapes do not fit.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> a = tape.param(np.array([[2.0, 0.0], [1.0, 4.0]]))
+        >>> tape.value(tg.triangular_solve(a, np.array([[2.0], [9.0]])))
+        array([[1.],
+               [2.]])
+        >>> b = np.array([[4.0, 8.0]])
+        >>> tape.value(tg.triangular_solve(a, b, left_side=False))
+        array([[1., 2.]])
     """
     tape = _tape(a, b)
     s = (bool(left_side), bool(lower), bool(transpose_a), bool(unit_diagonal))
@@ -1090,21 +1725,31 @@ def triangular_solve(a: Operand, b: Operand, left_side: bool = True, lower: bool
 
 
 def solve(a: Operand, b: Operand) -> Var:
-    """x with a·x = b for a square ``a`` (…, n, n): LU with partial pivoting (LAPACK ``gesv``).
+    """x with a·x = b for a square ``a``: LU with partial pivoting (LAPACK ``gesv``).
 
-    ``b`` is (…, n, k) with a's batch axes, or a vector (n,) when ``a`` is one matrix (NumPy 2's rule).
-    An exactly singular ``a`` raises ``tapegrad.DomainError`` (tape unchanged).
+    Args:
+        a: A (…, n, n) Var or array.
+        b: (…, n, k) with ``a``'s batch axes, or a vector (n,) when ``a`` is one matrix (NumPy 2's
+            rule).
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> a = tape.param(np.array([[1.0, 2.0], [3.0, 4.0]]))
-    >>> x = tg.solve(a, np.array([5.0, 6.0]))
-    >>> tape.value(x)
-    array([-4. ,  4.5])
-    >>> tape.backward(x.sum()); tape.grad(a)           # −a⁻ᵀ·1·xᵀ
-    True
-    array([[-2.  ,  2.25],
-           [ 2.  , -2.25]])
+    Returns:
+        A Var of ``b``'s shape.
+
+    Raises:
+        DomainError: If ``a`` is exactly singular (the tape is left unchanged).
+        ShapeError: If ``a`` is not square or ``b`` does not fit it.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> a = tape.param(np.array([[1.0, 2.0], [3.0, 4.0]]))
+        >>> x = tg.solve(a, np.array([5.0, 6.0]))
+        >>> tape.value(x)
+        array([-4. ,  4.5])
+        >>> tape.backward(x.sum()); tape.grad(a)           # −a⁻ᵀ·1·xᵀ
+        True
+        array([[-2.  ,  2.25],
+               [ 2.  , -2.25]])
     """
     tape = _tape(a, b)
     a, b = _var(a, tape), _var(b, tape)
@@ -1117,45 +1762,64 @@ def solve(a: Operand, b: Operand) -> Var:
 
 
 def logdet(a: Operand) -> Var:
-    """log det of a symmetric positive definite matrix, 2·Σ log diag L with L = cholesky(a).
+    """log det of a symmetric positive definite matrix: 2·Σ log diag L with L = cholesky(a).
 
-    ``a`` is (…, n, n) (read as (a + aᵀ)/2, like ``cholesky``); the result has the batch shape. The
-    gradient is g·a⁻¹ (LAPACK ``gesv`` on the identity). A matrix that is not positive definite raises
-    ``tapegrad.DomainError``; ``slogdet`` takes general matrices (LU).
+    The gradient is g·a⁻¹ (LAPACK ``gesv`` on the identity); ``slogdet`` takes general matrices (LU).
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> m = np.array([[2.0, 1.0], [1.0, 2.0]])
-    >>> a = tape.param(m)
-    >>> d = tg.logdet(a)
-    >>> float(tape.value(d)), float(np.log(3.0))
-    (1.0986122886681096, 1.0986122886681098)
-    >>> tape.backward(d); np.allclose(tape.grad(a), np.linalg.inv(m), rtol=1e-15)
-    True
-    True
+    Args:
+        a: A (…, n, n) Var or array, read as (a + aᵀ)/2 like ``cholesky``.
+
+    Returns:
+        A Var of the batch shape (0-d for one matrix).
+
+    Raises:
+        DomainError: If a matrix is not positive definite (the tape is left unchanged).
+        ShapeError: If ``a`` is not a non-empty square matrix (or a batch of them).
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> m = np.array([[2.0, 1.0], [1.0, 2.0]])
+        >>> a = tape.param(m)
+        >>> d = tg.logdet(a)
+        >>> float(tape.value(d)), float(np.log(3.0))
+        (1.0986122886681096, 1.0986122886681098)
+        >>> tape.backward(d); np.allclose(tape.grad(a), np.linalg.inv(m), rtol=1e-15)
+        True
+        True
     """
     tape = _tape(a)
     return tape.apply(O.OPS["logdet"], _var(a, tape))
 
 
 def slogdet(a: Operand) -> tuple[Var, Var]:
-    """(sign, log|det a|) of a general square matrix, as ``numpy.linalg.slogdet``: two Vars.
+    """(sign, log|det a|) of a general square matrix, as ``numpy.linalg.slogdet``.
 
     Both come from the LU factors (LAPACK ``getrf``): the sign is Π sign(Uᵢᵢ) times −1 per row
-    interchange (it has no gradient), the log Σ log|Uᵢᵢ|, whose gradient is g·a⁻ᵀ. An exactly singular
-    matrix gives sign 0 and log −inf (and no finite gradient), as NumPy. For a symmetric positive
-    definite matrix ``logdet`` (Cholesky, half the work) is the faster way to the same number.
+    interchange (it has no gradient), the log Σ log|Uᵢᵢ|, whose gradient is g·a⁻ᵀ. An exactly
+    singular matrix gives sign 0 and log −inf (and no finite gradient), as NumPy. For a symmetric
+    positive definite matrix ``logdet`` (Cholesky, half the work) is the faster way to the same number.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> a = tape.param(np.array([[0.0, 2.0], [4.0, 1.0]]))
-    >>> sign, ld = tg.slogdet(a)
-    >>> float(tape.value(sign)), float(tape.value(ld)) == float(np.log(8.0))
-    (-1.0, True)
-    >>> tape.backward(ld); tape.grad(a)          # a⁻ᵀ
-    True
-    array([[-0.125,  0.5  ],
-           [ 0.25 ,  0.   ]])
+    Args:
+        a: A (…, n, n) Var or array.
+
+    Returns:
+        Two Vars of the batch shape, ``(sign, logabsdet)``.
+
+    Raises:
+        ShapeError: If ``a`` is not a non-empty square matrix (or a batch of them).
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> a = tape.param(np.array([[0.0, 2.0], [4.0, 1.0]]))
+        >>> sign, ld = tg.slogdet(a)
+        >>> float(tape.value(sign)), float(tape.value(ld)) == float(np.log(8.0))
+        (-1.0, True)
+        >>> tape.backward(ld); tape.grad(a)          # a⁻ᵀ
+        True
+        array([[-0.125,  0.5  ],
+               [ 0.25 ,  0.   ]])
     """
     tape = _tape(a)
     a = _var(a, tape)

@@ -55,24 +55,49 @@ def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native", "cupy"] =
             ordered: Optional[bool] = None, verify: bool = True) -> Program:
     """Freeze the tape's episode ``[0, len(tape))`` with ``loss`` as the backward seed into a Program.
 
-    ``backend``: "numpy" (the reference replay, bit-identical to the tape) or "native" (generated C
-    compiled by the system compiler; raises ``tapegrad.BuildError`` when that is impossible).
-    ``dtype``: the program's element type; "float32" runs in float32 while the tape stays float64 (tested
-    bound: MLP losses and parameters after 5 Adam steps within 1e-5 relative of the float64 tape).
-    ``fuse``: (native) fuse runs of row-local elementwise nodes into one loop (bit-identical to unfused).
-    ``ordered``: run matmul and sums in ordered mode (``tapegrad.ordered``: serial index-order sums, no
-    FMA), so every backend reproduces an ordered tape bit for bit; default: the tape's own mode.
-    "cupy" runs the program's CUDA source on an NVIDIA GPU (``tapegrad.gpu``; needs CuPy and a device).
-    ``verify``: (native, cupy) check the compiled program against the NumPy reference on its first run
-    (``tapegrad.verify``): here, when every input has a value, else on the first forward/backward/episode;
-    and the first optimizer step after each ``attach``. Each node's value and gradient is recomputed by
-    the NumPy rules from the program's own inputs and compared within the op's tier; a difference raises
-    ``tapegrad.VerificationError`` naming the node (capture returns no program; a failed step is undone).
-    ``verify=False`` skips it (ignored for "numpy", the reference itself).
-
     Exactness: the NumPy replay is bit-identical to the eager tape (same rules, same order). The native
     replay is bit-identical for the registry's "exact" and "order" ops (its reductions follow NumPy's
     order) and within a few ulp for "libm" and "blas" ops (see ``tests/test_native.py``).
+
+    Args:
+        tape: The tape holding the episode.
+        loss: A one-element Var of ``tape``: the backward seed.
+        backend: "numpy" (the reference replay, bit-identical to the tape), "native" (generated C
+            compiled by the system compiler) or "cupy" (the program's CUDA source on an NVIDIA GPU,
+            ``tapegrad.gpu``; needs CuPy and a device).
+        dtype: The program's element type: "float32" runs in float32 while the tape stays float64
+            (tested bound: MLP losses and parameters after 5 Adam steps within 1e-5 relative of the
+            float64 tape).
+        fuse: (native) Fuse runs of row-local elementwise nodes into one loop (bit-identical to
+            unfused); "libm" fuses the libm-tier ops too.
+        ordered: Run matmul and sums in ordered mode (``tapegrad.ordered``: serial index-order sums,
+            no FMA), so every backend reproduces an ordered tape bit for bit; None: the tape's mode.
+        verify: (native, cupy) Check the compiled program against the NumPy reference on its first
+            run (``tapegrad.verify``): here when every input has a value, else on the first
+            forward, backward or episode; and the first optimizer step after each ``attach``. Each
+            node's value and gradient is recomputed by the NumPy rules from the program's own inputs
+            and compared within the op's tier. Ignored for "numpy", the reference itself.
+
+    Returns:
+        The program, with its own copies of parameters and constants.
+
+    Raises:
+        ConfigError: If ``backend`` is unknown.
+        DTypeError: If ``dtype`` is not float32 or float64.
+        ShapeError: If ``loss`` has more than one element.
+        ForeignVarError: If ``loss`` is not a live Var of ``tape``.
+        BuildError: If the native program cannot be compiled or loaded.
+        VerificationError: If the first run differs from the NumPy reference beyond an op's tier
+            (no program is returned; a failed step is undone).
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> w = tape.param(np.array([[1.0], [2.0]]))
+        >>> x = tape.const(np.array([[1.0, 1.0]]))
+        >>> program = tg.capture(tape, ((x @ w) * (x @ w)).mean())
+        >>> float(program.forward()), program.backend
+        (9.0, 'numpy')
     """
     if backend not in BACKENDS:
         raise ConfigError(f"capture: backend must be one of {BACKENDS}, got {backend!r}")
@@ -138,17 +163,23 @@ def _one_at_a_time(method):
 class Program:
     """A captured episode: the node table, shapes, buffers, and a backend that replays them.
 
-    Build one with ``tapegrad.capture``. Inputs (constants, lazy constants, parameters) take fresh
-    values with ``set_input``; ``forward``/``backward``/``step``/``episode`` run the backend;
-    ``value``/``grad``/``loss`` read results as read-only views (no copies) that the next run
-    overwrites. A program owns one set of buffers.
-
-    ``verified``: what verification on first run has checked so far (``"values"``, ``"gradients"``,
-    ``"step"``; empty for ``verify=False`` and for "numpy", the reference itself).
+    Build one with ``tapegrad.capture`` (not by hand). Inputs (constants, lazy constants,
+    parameters) take fresh values with ``set_input``; ``forward``/``backward``/``step``/``episode``
+    run the backend; ``value``/``grad``/``loss`` read results as read-only views (no copies) that the
+    next run overwrites. A program owns one set of buffers.
 
     Calls from several threads run one at a time (``episode(inputs)`` sets its inputs and runs as one
     call); views read between calls (``loss``, ``value``, ``grad``) are only as current as the caller's
     own locking makes them.
+
+    Attributes:
+        backend: "numpy", "native" or "cupy".
+        dtype: The program's element type.
+        param_names: Every parameter's name in registration order: its tape name, else
+            ``param_<k>``.
+        verified: What verification on first run has checked so far (``"values"``,
+            ``"gradients"``, ``"step"``; empty for ``verify=False`` and for "numpy", the reference
+            itself).
     """
 
     def __init__(self, tape, loss, backend, dtype, fuse, ordered=False):
@@ -311,11 +342,22 @@ class Program:
     def set_input(self, var: Slot, array: ArrayLike) -> None:
         """Fresh values for a constant (a minibatch, a lazy constant) or a parameter; copied in.
 
-        ``var``: a Var of the captured episode, or a parameter's name (``tape.param(..., name=)``).
+        A failing call leaves the program unchanged.
 
-        Float32 and float64 data are accepted (converted to the program's dtype); anything else, or a
-        wrong shape, raises and leaves the program unchanged. A data slot (integer indices, a bool mask)
-        takes data of its kind and shape, checked by the ops that read it (indices in range).
+        Args:
+            var: A Var of the captured episode, or a parameter's name (``tape.param(..., name=)``).
+            array: The values, of the captured shape: float32 or float64 data (converted to the
+                program's dtype); for a data slot, integer indices or a bool mask, checked by the
+                ops that read it (indices in range).
+
+        Raises:
+            ForeignVarError: If ``var`` is not a node of the captured episode, or no parameter has
+                that name.
+            TypeError: If ``var`` is neither a Var nor a name.
+            TapeError: If ``var`` is a computed node, not a constant or parameter.
+            DTypeError: If ``array``'s dtype does not fit the slot.
+            ShapeError: If ``array``'s shape differs from the captured one, or data indices are out
+                of range.
         """
         self._put(*self._input(var, array))
 
@@ -375,7 +417,15 @@ class Program:
 
     @_one_at_a_time
     def forward(self) -> np.ndarray:
-        """Recompute every node's value; returns the loss (a read-only 0-d/1-element view)."""
+        """Recompute every node's value.
+
+        Returns:
+            The loss: a read-only view of one element.
+
+        Raises:
+            LazyValueError: If a lazy constant has no value yet (``set_input`` gives it).
+            VerificationError: If the first run differs from the NumPy reference beyond an op's tier.
+        """
         self._ready("forward")
         if self._unverified:
             self._first_run()   # forward and backward
@@ -385,7 +435,14 @@ class Program:
 
     @_one_at_a_time
     def backward(self) -> None:
-        """Gradients of the loss w.r.t. every reached node (overwritten, as one tape backward per episode)."""
+        """Gradients of the loss w.r.t. every node backward reaches, overwriting the last ones.
+
+        As one tape backward per episode: gradients do not accumulate across calls.
+
+        Raises:
+            LazyValueError: If a lazy constant has no value yet.
+            VerificationError: If the first run differs from the NumPy reference beyond an op's tier.
+        """
         self._ready("backward")
         if self._unverified:
             self._first_run()
@@ -398,6 +455,15 @@ class Program:
 
         The tape optimizer is left untouched; read the program's state back with ``optimizer_state``
         or ``sync_params(tape, optimizer)``.
+
+        Args:
+            optimizer: An ``SGD`` or ``Adam`` whose parameters are parameters of the captured episode.
+
+        Raises:
+            TapeError: If the optimizer is of another kind, or (on "cupy") uses momentum or weight
+                decay.
+            ForeignVarError: If the optimizer serves another tape, or one of its parameters is not
+                in the captured episode.
         """
         if optimizer.kind not in ("SGD", "Adam"):
             raise TapeError(f"attach: unsupported optimizer {type(optimizer).__name__}")
@@ -416,17 +482,34 @@ class Program:
 
     @_one_at_a_time
     def step(self) -> None:
-        """One optimizer update of the program's parameters from the program's gradients."""
+        """One optimizer update of the program's parameters from the program's gradients.
+
+        Raises:
+            TapeError: If no optimizer is attached.
+            VerificationError: If the first step after ``attach`` differs from the NumPy reference
+                (the step is undone).
+        """
         if self.opt is None:
             raise TapeError("step: no optimizer attached; call program.attach(optimizer) first")
         self._run_step(self.runner.step)
 
     @_one_at_a_time
     def episode(self, inputs: Optional[Mapping[Var, ArrayLike]] = None) -> float:
-        """Set ``inputs`` ({Var: array}), then forward + backward (+ step when attached) in one backend call.
+        """Set ``inputs``, then forward, backward and (when attached) the optimizer step in one backend call.
 
-        Returns the loss as a Python float. Every input is checked before any is written: a bad one
-        raises and leaves the program as it was.
+        Args:
+            inputs: ``{Var: array}``, as ``set_input`` takes them. Every input is checked before any
+                is written: a bad one raises and leaves the program as it was.
+
+        Returns:
+            The loss as a Python float.
+
+        Raises:
+            ForeignVarError: If an input's Var is not a node of the captured episode.
+            DTypeError: If an input's dtype does not fit its slot.
+            ShapeError: If an input's shape differs from the captured one.
+            LazyValueError: If a lazy constant still has no value.
+            VerificationError: If the first run or step differs from the NumPy reference.
         """
         if inputs:
             for i, value in [self._input(var, array) for var, array in inputs.items()]:
@@ -445,22 +528,53 @@ class Program:
     # ── reading ──────────────────────────────────────────────────────────────
 
     def loss(self) -> np.ndarray:
-        """The loss value of the last forward: a read-only view (one element; a CuPy array on "cupy")."""
+        """The loss value of the last forward.
+
+        Returns:
+            A read-only view of one element (a CuPy array on "cupy").
+        """
         if self.backend == "cupy":
             return self.runner.device_array(self.loss_id)
         return readonly(self.val[self.loss_id])
 
     def value(self, var: Slot) -> np.ndarray:
-        """A read-only view of a node's value in the program (``var``: a Var, or a parameter's name; a CuPy
-        array on "cupy"). A value a fused native loop kept in a local is rebuilt from the stored ones by
-        NumPy's rules (exact-tier ops only, so the loop's own bits)."""
+        """A read-only view of a node's value in the program.
+
+        A value a fused native loop kept in a local is rebuilt from the stored ones by NumPy's rules
+        (exact-tier ops only, so the loop's own bits).
+
+        Args:
+            var: A Var of the captured episode, or a parameter's name.
+
+        Returns:
+            The value, read-only (a CuPy array on "cupy"); the next run overwrites it.
+
+        Raises:
+            ForeignVarError: If ``var`` is not a node of the captured episode, or no parameter has
+                that name.
+            TypeError: If ``var`` is neither a Var nor a name.
+        """
         if self.backend == "cupy":
             return self.runner.device_array(self._slot(var, "value"))
         return readonly(self._held(self._slot(var, "value"), "v"))
 
     def grad(self, var: Slot) -> np.ndarray:
-        """A read-only view of d loss/d var (zeros for nodes backward does not reach); ``var`` may be a name.
-        A gradient a fused native loop kept in a local is rebuilt as ``value`` rebuilds values."""
+        """A read-only view of d loss/d var.
+
+        A gradient a fused native loop kept in a local is rebuilt as ``value`` rebuilds values.
+
+        Args:
+            var: A Var of the captured episode, or a parameter's name.
+
+        Returns:
+            The gradient, read-only (a CuPy array on "cupy"); zeros for a node backward does not
+            reach.
+
+        Raises:
+            ForeignVarError: If ``var`` is not a node of the captured episode, or no parameter has
+                that name.
+            TypeError: If ``var`` is neither a Var nor a name.
+        """
         i = self._slot(var, "grad")
         if self.backend == "cupy":
             return self.runner.device_array(i, "g")
@@ -473,7 +587,15 @@ class Program:
             return rebuilt(self, kind, i)
         return self.val[i] if kind == "v" else self.grad_buf(i)
 
-    def grad_buf(self, i):
+    def grad_buf(self, i: int) -> np.ndarray:
+        """The gradient buffer of node ``i`` (the backends write into it), writable.
+
+        Args:
+            i: A node id of the captured episode.
+
+        Returns:
+            The buffer; for a node backward does not reach, a shared buffer of zeros.
+        """
         g = self.grads[i]
         if g is None:
             key = self.shapes[i]
@@ -485,7 +607,19 @@ class Program:
 
     @_one_at_a_time
     def sync_params(self, tape: Tape, optimizer: Optional[Optimizer] = None) -> None:
-        """Write the program's parameters back into the tape (and its optimizer's state, if given)."""
+        """Write the program's parameters back into the tape, and its optimizer's state into ``optimizer``.
+
+        Every target is checked before anything is written.
+
+        Args:
+            tape: The tape the program was captured from.
+            optimizer: The tape optimizer the program's attached one was copied from, or None.
+
+        Raises:
+            ForeignVarError: If ``tape`` is another tape, a captured parameter is no longer on it
+                (``reset_to`` dropped it), or the optimizer serves another tape.
+            TapeError: If ``optimizer`` is not the one attached (kind or parameters differ).
+        """
         if tape is not self._tape():
             raise ForeignVarError("sync_params: not the tape this program was captured from")
         if self.backend == "cupy":
@@ -513,8 +647,15 @@ class Program:
 
     @_one_at_a_time
     def optimizer_state(self) -> dict[str, Any]:
-        """The attached optimizer's state (``count``, and copies of Adam's ``mu``/``nu`` or momentum SGD's
-        trace ``mu``) as the tape's form."""
+        """The attached optimizer's state, in the form of the tape optimizer's ``state_dict``.
+
+        Returns:
+            ``{"count": int, "mu": [...], "nu": [...]}``: copies of Adam's moments, or momentum
+            SGD's trace as ``mu``.
+
+        Raises:
+            TapeError: If no optimizer is attached.
+        """
         if self.opt is None:
             raise TapeError("optimizer_state: no optimizer attached")
         self.runner.pull_count()
@@ -525,7 +666,16 @@ class Program:
 
     @_one_at_a_time
     def load_optimizer_state(self, state: Mapping[str, Any]) -> None:
-        """Restore ``optimizer_state()`` output (e.g. from a checkpoint); validated before anything changes."""
+        """Restore ``optimizer_state()`` output (e.g. from a checkpoint); checked before anything changes.
+
+        Args:
+            state: ``{"count": int, "mu": [...], "nu": [...]}`` with one array per attached parameter.
+
+        Raises:
+            TapeError: If no optimizer is attached, ``count`` is not a non-negative int, or an array
+                list is missing or of the wrong length.
+            ShapeError: If an array has the wrong shape.
+        """
         o = self.opt
         if o is None:
             raise TapeError("load_optimizer_state: no optimizer attached")
@@ -551,7 +701,7 @@ class Program:
 
     @property
     def hash64(self) -> int:
-        """A content hash of the program (graph, shapes, dtype, loss, optimizer config): stable across runs."""
+        """A content hash of the program (graph, shapes, dtype, loss, optimizer config), stable across runs."""
         h = hashlib.blake2b(digest_size=8)
         h.update(repr((str(self.dtype), self.loss_id)).encode())
         for (op, a, b, s), c, shape in zip(self.nodes, self.third, self.shapes):
@@ -561,11 +711,26 @@ class Program:
         return int.from_bytes(h.digest(), "little")
 
     def plan(self) -> Any:
-        """The execution plan: segments (fused runs and single nodes) and kernel counts (native)."""
+        """The execution plan: segments (fused runs and single nodes) and kernel counts (native).
+
+        Returns:
+            A dict: the backend, its segments and the forward and backward kernel counts (on
+            "native" before and after fusion, and whether anything fused).
+        """
         return self.runner.plan()
 
     def native_abi(self) -> dict[str, Any]:
-        """Raw pointers for a C caller (native backend only); see ``tapegrad.native.runner``."""
+        """Raw pointers for a C caller; see ``tapegrad.native.runner``.
+
+        Returns:
+            A dict of the native program's entry points (``forward``, ``backward``, ``episode``,
+            ``step``) and its buffers' addresses and shapes (``params``, ``inputs``, ``grads``,
+            ``loss``, ``opt_state``, ...).
+
+        Raises:
+            TapeError: If the backend is not "native".
+            VerificationError: If the program was never run and its first run fails verification.
+        """
         if self.backend != "native":
             raise TapeError("native_abi: only a native program has one (capture with backend='native')")
         if self._unverified and not self.missing:

@@ -178,7 +178,7 @@ class Run:
 
 
 class Optimizer:
-    """Shared registration, clipping and state handling; subclasses define the update."""
+    """Shared registration, clipping and state handling; subclasses (``SGD``, ``Adam``) define the update."""
     kind: Optional[str] = None
     moments = 0
     tape: Optional[Tape]
@@ -209,8 +209,25 @@ class Optimizer:
         self._drops = -1   # the tape's parameter-drop count when the parameters were last checked
 
     def add(self, tape: Tape, var: Var, l2: float = 0.0, wd: Optional[float] = None) -> Var:
-        """Register one tape parameter with its own L2 coefficient (typically 0 for biases) and, for Adam,
-        its own decoupled weight decay ``wd`` (default: the optimizer's ``weight_decay``; 0 masks it out)."""
+        """Register one tape parameter with its own L2 coefficient and (Adam) weight decay.
+
+        Args:
+            tape: The tape of the parameter; one optimizer serves one tape.
+            var: A parameter (``tape.param``), registered once.
+            l2: The L2 coefficient: ``g + l2·w`` is the gradient the update sees (typically 0 for
+                biases).
+            wd: Adam's decoupled weight decay for this parameter; None: the optimizer's
+                ``weight_decay``; 0 masks it out (optax's mask).
+
+        Returns:
+            ``var``.
+
+        Raises:
+            TapeError: If the optimizer serves another tape, ``var`` is not a parameter, or it is
+                already registered.
+            ConfigError: If ``l2`` or ``wd`` is negative or not finite, or ``wd`` is given to SGD.
+            ForeignVarError: If ``var`` (or a parameter registered before) was dropped by ``reset_to``.
+        """
         if self.tape is not None and tape is not self.tape:
             raise TapeError(f"{self.kind}.add: this optimizer already serves another tape")
         i = tape._index(var, f"{self.kind}.add", "var")
@@ -238,9 +255,18 @@ class Optimizer:
             self.check_params(who)
             self._drops = self.tape._params.drops
 
-    def check_params(self, who):
-        """Raise ``ForeignVarError`` if ``reset_to`` dropped a registered parameter (its slot may now hold
-        another one): the optimizer would update the wrong memory."""
+    def check_params(self, who: str) -> None:
+        """Check that ``reset_to`` dropped none of the registered parameters.
+
+        A dropped parameter's slot may now hold another one: the optimizer would update the wrong
+        memory.
+
+        Args:
+            who: The caller's name, for the message.
+
+        Raises:
+            ForeignVarError: If a registered parameter was dropped by ``reset_to``.
+        """
         nodes = self.tape._nodes if self.tape is not None else ()
         for k, v in enumerate(self.params):
             if v.id >= len(nodes) or nodes[v.id].epoch != v.epoch:
@@ -298,7 +324,15 @@ class Optimizer:
         return units
 
     def step(self) -> None:
-        """One update from the gradients on the tape; parameters change in place on the tape."""
+        """One update from the gradients on the tape; parameters change in place on the tape.
+
+        Parameters backward did not touch since the last reset are skipped and keep their state.
+        ``count`` advances by one. An interrupt never leaves the update half done: a large update
+        holds signals back until it finishes, a small one is undone before the exception propagates.
+
+        Raises:
+            ForeignVarError: If a registered parameter was dropped by ``reset_to``.
+        """
         if self.tape is None:
             return
         self._checked(f"{self.kind}.step")
@@ -347,18 +381,34 @@ class Optimizer:
         self.count += 1
 
     def config(self) -> dict[str, Any]:
+        """The configuration (what a checkpoint records and a program copies): kind, lr, clipping, and the
+        per-parameter ``l2`` and ``wd`` lists, plus each optimizer's own settings."""
         return {"kind": self.kind, "lr": self.lr, "clip": self.clip, "clip_mode": self.clip_mode,
                 "l2": list(self.l2), "wd": list(self.wd)}
 
     def state_dict(self) -> dict[str, Any]:
-        """The explicit state: ``count`` and the per-parameter moment arrays (copies)."""
+        """The explicit state: ``count`` and the per-parameter moment arrays.
+
+        Returns:
+            ``{"count": int}`` plus, per moment (Adam's ``mu`` and ``nu``, momentum SGD's trace as
+            ``mu``), a list of copies in registration order.
+        """
         state: dict[str, Any] = {"count": self.count}
         for key in ("mu", "nu")[:self.moments]:
             state[key] = [a.copy() for a in self._state(key)] if self.params else []
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore ``state_dict()`` output; validates everything before changing anything."""
+        """Restore ``state_dict()`` output; checks everything before changing anything.
+
+        Args:
+            state: ``{"count": int, "mu": [...], "nu": [...]}`` with one array per registered
+                parameter for each moment this optimizer keeps.
+
+        Raises:
+            TapeError: If ``count`` is not a non-negative int, or an array list is missing, of the
+                wrong length, or holds an array of the wrong shape.
+        """
         count = state.get("count")
         if not isinstance(count, (int, np.integer)) or count < 0:
             raise TapeError(f"{self.kind}.load_state_dict: count must be a non-negative int, got {count!r}")
@@ -377,6 +427,14 @@ class Optimizer:
                 np.copyto(have, new)
 
     def step_scalars(self, count: int) -> tuple[float, ...]:
+        """The host scalars of step ``count`` (1-based), recomputed every step, never captured.
+
+        Args:
+            count: The step number, from 1.
+
+        Returns:
+            The scalars the update reads: none for SGD.
+        """
         return ()
 
     def _update(self, w, g, state, sc, tmp, wd=None):
@@ -405,14 +463,30 @@ def sum_in_order(xs):
 
 
 class SGD(Optimizer):
-    """Stochastic gradient descent: ``w ← w − lr·(grad + l2·w)``; with ``momentum`` m, optax's ``sgd``:
-    ``trace ← g + m·trace`` and ``w ← w − lr·trace`` (``nesterov``: ``w ← w − lr·(g + m·trace)``).
+    """Stochastic gradient descent: ``w ← w − lr·(grad + l2·w)``.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape(); w = tape.param(np.array([1.0, -2.0]))
-    >>> opt = tg.SGD(0.5); _ = opt.add(tape, w)
-    >>> _ = tape.backward((w * w).sum()); opt.step(); tape.value(w)
-    array([0., 0.])
+    With ``momentum`` m it is optax's ``sgd``: ``trace ← g + m·trace`` and ``w ← w − lr·trace``
+    (``nesterov``: ``w ← w − lr·(g + m·trace)``). Register parameters with ``add``, then ``step``
+    after each ``backward``.
+
+    Args:
+        lr: The learning rate, finite and >= 0.
+        momentum: The trace's decay m in [0, 1]; 0: plain SGD, no state.
+        nesterov: Nesterov's form of momentum (needs ``momentum > 0``).
+        clip: The largest global L2 norm of the gradients of one step; None: no clipping.
+        clip_mode: How a clipped gradient is rescaled: "optax" (``(g / norm)·clip``, as
+            ``optax.clip_by_global_norm``), "seed" (``g·(clip / norm)``) or "torch"
+            (``g·(clip / (norm + 1e-6))``, as PyTorch's ``clip_grad_norm_``).
+
+    Raises:
+        ConfigError: If a setting is out of its range, or ``nesterov`` has no momentum.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape(); w = tape.param(np.array([1.0, -2.0]))
+        >>> opt = tg.SGD(0.5); _ = opt.add(tape, w)
+        >>> _ = tape.backward((w * w).sum()); opt.step(); tape.value(w)
+        array([0., 0.])
     """
     kind = "SGD"
 
@@ -430,23 +504,40 @@ class SGD(Optimizer):
         sgd_update(w, g, self.lr, tmp[0], trace, self.momentum, self.nesterov, tmp[1])
 
     def config(self) -> dict[str, Any]:
+        """The configuration: the shared entries, ``momentum`` and ``nesterov``."""
         return {**super().config(), "momentum": self.momentum, "nesterov": self.nesterov}
 
 
 class Adam(Optimizer):
     """Adam with both published epsilon forms, and AdamW's decoupled weight decay.
 
-    ``eps_mode="optax"`` (default, what JAX users expect: optax/PyTorch, ε added to √v̂) or ``"hat"``
-    (the seed's ε-hat form with ``lr_t = lr·√(1−b2ᵗ)/(1−b1ᵗ)``). ``count`` advances once per
-    ``step``, shared by all parameters (as optax); moments of skipped parameters stay put.
-    ``weight_decay`` (eps_mode "optax" only) adds ``wd·w`` to the Adam direction before the learning
-    rate scales it, as ``optax.adamw``; ``add(..., wd=0.0)`` exempts a parameter (optax's mask).
+    ``count`` advances once per ``step``, shared by all parameters (as optax); moments of skipped
+    parameters stay put. Register parameters with ``add``, then ``step`` after each ``backward``.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape(); w = tape.param(np.array([1.0]))
-    >>> opt = tg.Adam(0.1); _ = opt.add(tape, w)
-    >>> _ = tape.backward((w * w).sum()); opt.step(); float(tape.value(w)[0])
-    0.9000000005
+    Args:
+        lr: The learning rate, finite and >= 0.
+        b1: The first moment's decay, in [0, 1).
+        b2: The second moment's decay, in [0, 1).
+        eps: The denominator's epsilon, > 0.
+        eps_mode: "optax" (what JAX users expect: optax and PyTorch, ε added to √v̂) or "hat" (the
+            ε-hat form at the end of Kingma & Ba's section 2, as sklearn and TF1:
+            ``lr_t = lr·√(1−b2ᵗ)/(1−b1ᵗ)``).
+        clip: The largest global L2 norm of the gradients of one step; None: no clipping.
+        clip_mode: How a clipped gradient is rescaled: "optax", "seed" or "torch" (see ``SGD``).
+        weight_decay: AdamW's decoupled decay (eps_mode "optax" only): ``wd·w`` is added to the Adam
+            direction before the learning rate scales it, as ``optax.adamw``;
+            ``add(..., wd=0.0)`` exempts a parameter (optax's mask).
+
+    Raises:
+        ConfigError: If a setting is out of its range, or ``weight_decay`` is given with
+            ``eps_mode="hat"``.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape(); w = tape.param(np.array([1.0]))
+        >>> opt = tg.Adam(0.1); _ = opt.add(tape, w)
+        >>> _ = tape.backward((w * w).sum()); opt.step(); float(tape.value(w)[0])
+        0.9000000005
     """
     kind = "Adam"
     moments = 2
@@ -468,14 +559,23 @@ class Adam(Optimizer):
 
     @property
     def mu(self) -> list[np.ndarray]:
+        """The first moments, one live view per parameter in registration order."""
         return self._state("mu")
 
     @property
     def nu(self) -> list[np.ndarray]:
+        """The second moments, one live view per parameter in registration order."""
         return self._state("nu")
 
     def step_scalars(self, count: int) -> tuple[float, ...]:
-        """The host scalars of step ``count`` (1-based), recomputed every step, never captured."""
+        """The host scalars of step ``count`` (1-based), recomputed every step, never captured.
+
+        Args:
+            count: The step number, from 1.
+
+        Returns:
+            ``(−lr, 1 − b1ᶜᵒᵘⁿᵗ, 1 − b2ᶜᵒᵘⁿᵗ)`` for eps_mode "optax"; ``(lr_t,)`` for "hat".
+        """
         bc1 = 1.0 - self.b1 ** count
         bc2 = 1.0 - self.b2 ** count
         if self.eps_mode == "optax":
@@ -486,4 +586,5 @@ class Adam(Optimizer):
         adam_update(w, g, state[0], state[1], self.b1, self.b2, self.eps, sc, self.eps_mode, tmp[0], tmp[1], wd)
 
     def config(self) -> dict[str, Any]:
+        """The configuration: the shared entries, ``b1``, ``b2``, ``eps`` and ``eps_mode``."""
         return {**super().config(), "b1": self.b1, "b2": self.b2, "eps": self.eps, "eps_mode": self.eps_mode}

@@ -1,14 +1,15 @@
 """tapegrad: a define-by-run reverse-mode autodiff tape over NumPy, with captured replays.
 
->>> import numpy as np, tapegrad as tg
->>> tape = tg.Tape()
->>> x = tape.param(np.array([3.0]))
->>> tape.backward((x * x).sum()); tape.grad(x)
-True
-array([6.])
-
 ``from tapegrad import *`` brings everything public except ``abs``, ``max``, ``min`` and ``sum``, which
 would shadow Python's builtins: call them as ``tg.sum(x)`` or ``x.sum()``.
+
+Examples:
+    >>> import numpy as np, tapegrad as tg
+    >>> tape = tg.Tape()
+    >>> x = tape.param(np.array([3.0]))
+    >>> tape.backward((x * x).sum()); tape.grad(x)
+    True
+    array([6.])
 """
 __version__ = "0.1.0"
 

@@ -5,6 +5,14 @@ USAGE = "usage: python -m tapegrad info    (prints the environment report for a 
 
 
 def main(argv: list[str]) -> int:
+    """Run the command line.
+
+    Args:
+        argv: The arguments after ``python -m tapegrad``: ``["info"]``, or ``["-h"]``/``["--help"]``.
+
+    Returns:
+        The exit status: 0, or 2 (with the usage on stderr) for anything else.
+    """
     if argv != ["info"]:
         print(USAGE, file=sys.stderr)
         return 0 if argv in (["-h"], ["--help"]) else 2

@@ -92,14 +92,28 @@ def save(path: "str | os.PathLike[str]", tape: "Tape", opt: "Optional[Optimizer]
     """Write every parameter of ``tape`` and ``opt``'s state to ``path`` (safetensors), atomically.
 
     The file appears complete or not at all (a temporary file in the same folder, fsync, rename,
-    fsync of the folder).
+    fsync of the folder). Any safetensors reader opens it: ``params.<k>``, ``opt.mu.<k>``,
+    ``opt.nu.<k>`` in registration order, the rest in its metadata.
 
-    >>> import numpy as np, tapegrad as tg, tempfile, os
-    >>> tape = tg.Tape(); w = tape.param(np.arange(3.0))
-    >>> path = os.path.join(tempfile.mkdtemp(), "ck.safetensors")
-    >>> tg.save(path, tape)
-    >>> tape2 = tg.Tape(); w2 = tape2.param(np.zeros(3)); tg.load(path, tape2); tape2.value(w2)
-    array([0., 1., 2.])
+    Args:
+        path: The file to write (replaced if it exists).
+        tape: The tape whose parameters to save, with their names.
+        opt: An optimizer serving ``tape``, whose configuration, step count and moments are saved
+            too; None: parameters only.
+
+    Raises:
+        ForeignVarError: If ``opt`` serves another tape or one of its parameters was dropped by
+            ``reset_to``.
+        CheckpointError: If the file cannot be written (its folder missing, no permission, a full disk).
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg, tempfile, os
+        >>> tape = tg.Tape(); w = tape.param(np.arange(3.0))
+        >>> path = os.path.join(tempfile.mkdtemp(), "ck.safetensors")
+        >>> tg.save(path, tape)
+        >>> tape2 = tg.Tape(); w2 = tape2.param(np.zeros(3))
+        >>> tg.load(path, tape2); tape2.value(w2)
+        array([0., 1., 2.])
     """
     if opt is not None:
         _check_opt("save", tape, opt)
@@ -505,9 +519,22 @@ def _array(path, arrays, name, shape, dtype):
 def load(path: "str | os.PathLike[str]", tape: "Tape", opt: "Optional[Optimizer]" = None) -> None:
     """Restore a ``save``d checkpoint into ``tape`` (and ``opt``); checks everything before writing.
 
-    A file that is not a readable checkpoint raises ``CheckpointError``; one that does not fit the
-    tape (count, shapes or dtype of parameters, optimizer kind or parameters) raises ``TapeError``
-    naming the mismatch. In every failing case the tape and optimizer are left untouched.
+    In every failing case the tape and optimizer are left untouched; once the checks pass, the
+    writes happen with signals held back and are restored completely or not at all.
+
+    Args:
+        path: A file written by ``save`` (or a version-0.1 ``.npz`` checkpoint).
+        tape: The tape to restore the parameters into: the same number, shapes, names and dtype.
+        opt: An optimizer of the saved kind over the same parameters, whose count and moments are
+            restored too; None: parameters only.
+
+    Raises:
+        CheckpointError: If the file is missing, truncated, corrupt (checksums included) or not a
+            checkpoint.
+        TapeError: If the checkpoint does not fit the tape or the optimizer (the message names the
+            mismatch).
+        ForeignVarError: If ``opt`` serves another tape or one of its parameters was dropped by
+            ``reset_to``.
     """
     meta, arrays, sums = _read(path)
     dtype = meta["dtype"]

@@ -9,10 +9,11 @@ except where the C library's ``exp``/``log``/``tanh``/``pow`` and NumPy's differ
 """
 import math
 import re
+from collections.abc import Sequence
 
 from . import ops as O
 from .errors import TapeError, at
-from .tape import _ancestors
+from .tape import Tape, Var, _ancestors
 
 
 class EmitError(TapeError, ValueError):
@@ -241,7 +242,8 @@ volatile while _Bool _Complex _Imaginary _Alignas _Alignof _Atomic _Generic _Nor
 _Thread_local p g v exp log tanh sqrt pow fabs fmax fmin expm1 log1p main""".split())
 
 
-def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=False, bake=False):
+def c_grad(tape: Tape, loss: Var, params: Sequence[Var], leaves: dict[Var, str], *, dialect: str = "c",
+           name: str = "grad", with_data: bool = False, bake: bool = False) -> str:
     """C (or CUDA) source of one function computing a scalar tape's loss and gradient.
 
     Every node the loss depends on must hold one element. The function has a fixed ABI:
@@ -254,42 +256,58 @@ def c_grad(tape, loss, params, leaves, *, dialect="c", name="grad", with_data=Fa
       ``__dadd_rn``/``__dsub_rn``/``__dmul_rn``/``__ddiv_rn`` and sqrt as ``__dsqrt_rn``; nvcc never
       fuses these intrinsics into an FMA, so the result does not depend on ``--fmad``.
 
-    ``params`` lists every parameter the loss depends on, each exactly once: ``params[j]`` reads
-    ``p[j]``. ``leaves`` maps every constant the loss reads to a C expression (``"v[3]"``,
-    ``"(double)x"``); an unbound constant is an error (a forgotten data leaf would otherwise compile
-    in its placeholder value) unless ``bake=True``, which prints each unbound constant's recorded
-    value as an exact literal. Constants-only branches get no
-    backward code. Forward and backward follow the tape's arithmetic and its accumulation order (a
-    node's gradient starts as a copy of its highest consumer's contribution; the others are added
-    consumer by consumer, highest id first, a before b), so the emitted code is bit-exact wherever
-    the registry's tier is "exact". Raises ``EmitError`` naming the node and op (and emits nothing)
-    for a non-scalar node, an op with no scalar C form, a binding that is not a constant feeding the
-    loss, or a ``params`` list that does not match.
+    Forward and backward follow the tape's arithmetic and its accumulation order (a node's gradient
+    starts as a copy of its highest consumer's contribution; the others are added consumer by
+    consumer, highest id first, a before b), so the emitted code is bit-exact wherever the registry's
+    tier is "exact". Constants-only branches get no backward code.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tape = tg.Tape()
-    >>> w, x = tape.param(np.array(2.0)), tape.const(np.array(0.5))
-    >>> print(c_grad(tape, (w * x).tanh() * 3.0, [w], {x: "v[0]"}, with_data=True))
-    /* tapegrad.emit.c_grad: returns t4; p[0] = node 0. */
-    #include <math.h>
-    <BLANKLINE>
-    double grad(const double *p, double *g, const double *v)
-    {
-        double t0 = p[0];
-        double t1 = v[0];
-        double t2 = t0 * t1;
-        double t3 = tanh(t2);
-        double t4 = t3 * 3.0;
-    <BLANKLINE>
-        double g4 = 1.0;
-        double g3 = g4 * 3.0;
-        double g2 = g3 * (1.0 - t3 * t3);
-        double g0 = g2 * t1;
-    <BLANKLINE>
-        g[0] += g0;
-        return t4;
-    }
-    <BLANKLINE>
+    Args:
+        tape: A float64 tape, not poisoned.
+        loss: The one-element Var to differentiate.
+        params: Every parameter the loss depends on, each exactly once: ``params[j]`` reads ``p[j]``.
+        leaves: ``{Var: C expression}`` for every constant the loss reads (``"v[3]"``,
+            ``"(double)x"``).
+        dialect: "c" or "cuda".
+        name: The function's name, a C identifier the emitted code does not use itself.
+        with_data: Give the function the data row argument ``v``.
+        bake: Print each unbound constant's recorded value as an exact literal instead of raising
+            (otherwise a forgotten data leaf would compile in its placeholder value).
+
+    Returns:
+        The source text, deterministic for a given tape.
+
+    Raises:
+        EmitError: Naming the node and op (and emitting nothing) for a non-scalar node, an op with
+            no scalar C form, a binding that is not a constant feeding the loss, a ``params`` list
+            that does not match, an unbound constant without ``bake``, a leaf expression reading
+            ``v`` without ``with_data``, a bad ``dialect`` or ``name``, a float32 or poisoned tape.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> w, x = tape.param(np.array(2.0)), tape.const(np.array(0.5))
+        >>> loss = (w * x).tanh() * 3.0
+        >>> print(tg.emit.c_grad(tape, loss, [w], {x: "v[0]"}, with_data=True))
+        /* tapegrad.emit.c_grad: returns t4; p[0] = node 0. */
+        #include <math.h>
+        <BLANKLINE>
+        double grad(const double *p, double *g, const double *v)
+        {
+            double t0 = p[0];
+            double t1 = v[0];
+            double t2 = t0 * t1;
+            double t3 = tanh(t2);
+            double t4 = t3 * 3.0;
+        <BLANKLINE>
+            double g4 = 1.0;
+            double g3 = g4 * 3.0;
+            double g2 = g3 * (1.0 - t3 * t3);
+            double g0 = g2 * t1;
+        <BLANKLINE>
+            g[0] += g0;
+            return t4;
+        }
+        <BLANKLINE>
     """
     if dialect not in ("c", "cuda"):
         raise EmitError(f"c_grad: dialect must be 'c' or 'cuda', got {dialect!r}")

@@ -25,7 +25,10 @@ _OTHER = "Illumina's InterOp (PyPI `interop`)"
 
 
 class CCoreWarning(RuntimeWarning):
-    """The tape's C core (``tapegrad/_ctape.c``) is not built: the eager tape runs in Python, slower."""
+    """The tape's C core (``tapegrad/_ctape.c``) is not built: the eager tape runs in Python, slower.
+
+    Warned once, at ``import tapegrad``, unless ``TAPEGRAD_PURE=1`` chose the Python paths.
+    """
 
 
 def c_core() -> dict:
@@ -71,11 +74,19 @@ def interop_check() -> str:
     tapegrad replaces ``interop/__init__.py``; uninstalling it then deletes that file, leaving a folder
     without ``check_grads``. Code inside the replaced file cannot notice, so the check lives here: it reads
     the file ``import interop`` would run (importing neither interop nor jax) and looks for interop's
-    marker. ImportError, naming the other package and the fix, when the name is shadowed, emptied or gone.
+    marker.
 
-    >>> import tapegrad as tg, os
-    >>> os.path.basename(tg.interop_check())
-    'interop'
+    Returns:
+        The folder of tapegrad's ``interop`` package.
+
+    Raises:
+        ImportError: If the name ``interop`` is shadowed by another package, emptied or gone (the
+            message names the other package and the fix).
+
+    Examples:
+        >>> import tapegrad as tg, os
+        >>> os.path.basename(tg.interop_check())
+        'interop'
     """
     spec = importlib.util.find_spec("interop")
     if spec is None:
@@ -252,5 +263,19 @@ def report() -> str:
 
 
 def info(file: Optional[TextIO] = None) -> None:
-    """Print the environment report (``report()``) to ``file`` (default stdout): paste it into a bug report."""
+    """Print the environment report to ``file``: paste it into a bug report.
+
+    The report (``tapegrad.environment.report()``; ``python -m tapegrad info`` prints it too) names
+    the versions, the C core, the native backend's compiler and cache, the BLAS, CuPy, JAX, interop
+    and the environment variables that change what tapegrad builds or runs.
+
+    Args:
+        file: A text stream; None: standard output.
+
+    Examples:
+        >>> import io, tapegrad as tg
+        >>> out = io.StringIO(); tg.info(out)
+        >>> out.getvalue().startswith("tapegrad ")
+        True
+    """
     print(report(), file=file if file is not None else sys.stdout)

@@ -5,6 +5,17 @@ class TapeError(Exception):
     """Base of every error tapegrad raises on purpose.
 
     Messages follow one form: ``<op> (node <id>): <what was expected>, got <what came>; <what to do>``.
+    Each subclass also derives from the built-in exception it refines (``ShapeError`` is a
+    ``ValueError``), so ``except ValueError`` catches it too.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> tape = tg.Tape()
+        >>> try:
+        ...     tape.param(np.ones(2)) @ tape.param(np.ones((3, 1)))
+        ... except tg.ShapeError as e:
+        ...     print(e)
+        matmul (node 2): expected two 2-D operands, got shapes (2,) and (3, 1)
     """
 
 

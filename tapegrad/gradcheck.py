@@ -8,7 +8,14 @@ from .tape import Tape, Var
 
 
 class GradcheckReport(NamedTuple):
-    """``ok``; per input the relative error of <∇f, u> against the finite difference; the worst input."""
+    """What ``gradcheck`` found.
+
+    Attributes:
+        ok: Whether every input's error is within ``rtol``.
+        errors: Per input, the largest relative error of <∇f, u> against the finite difference.
+        worst: The index of the input with the largest error (-1 without inputs).
+        grads: The tape's gradient of each input.
+    """
     ok: bool
     errors: tuple
     worst: int
@@ -23,15 +30,29 @@ def gradcheck(fn: Callable[..., Var], *arrays: ArrayLike, eps: float = 1e-6, rto
               atol: float = 1e-9, directions: int = 3, seed: int = 0) -> GradcheckReport:
     """Check the tape gradient of ``fn`` against central finite differences.
 
-    ``fn(tape, *vars)`` builds a one-element result on ``tape`` from parameters made of ``arrays``.
     For each input and ``directions`` random unit directions u the identity ⟨∇f, u⟩ ≈ (f(x+εu) −
     f(x−εu)) / 2ε is checked with ``|a − b| <= atol + rtol·max(|a|, |b|)``. In float64 with ε = 1e-6
     the finite difference is accurate to about 1e-8 relative for smooth fns with O(1) curvature, so
-    the defaults sit well above the noise and far below any wrong rule.
+    the defaults sit well above the noise and far below any wrong rule. A NaN gradient fails.
 
-    >>> import numpy as np, tapegrad as tg
-    >>> tg.gradcheck(lambda t, x: (x.tanh() * x).sum(), np.linspace(-1, 1, 5)).ok
-    True
+    Args:
+        fn: ``fn(tape, *vars)`` builds a one-element result on ``tape`` from the parameters made of
+            ``arrays`` (it is called again on fresh float64 tapes for the finite differences).
+        *arrays: The point to check at, one array per input.
+        eps: The finite-difference step ε.
+        rtol: The relative tolerance.
+        atol: The absolute tolerance.
+        directions: Random unit directions per input.
+        seed: The seed of the directions.
+
+    Returns:
+        The report: ``ok``, the error per input, the worst input and the tape's gradients.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg
+        >>> report = tg.gradcheck(lambda t, x: (x.tanh() * x).sum(), np.linspace(-1, 1, 5))
+        >>> report.ok, report.worst
+        (True, 0)
     """
     data = [np.asarray(a, dtype=np.float64) for a in arrays]
     tape = Tape()

@@ -381,8 +381,12 @@ class Optimizer:
         self.count += 1
 
     def config(self) -> dict[str, Any]:
-        """The configuration (what a checkpoint records and a program copies): kind, lr, clipping, and the
-        per-parameter ``l2`` and ``wd`` lists, plus each optimizer's own settings."""
+        """The configuration, what a checkpoint records and a program copies.
+
+        Returns:
+            ``kind``, ``lr``, ``clip``, ``clip_mode`` and the per-parameter ``l2`` and ``wd`` lists,
+            plus each optimizer's own settings.
+        """
         return {"kind": self.kind, "lr": self.lr, "clip": self.clip, "clip_mode": self.clip_mode,
                 "l2": list(self.l2), "wd": list(self.wd)}
 
@@ -504,7 +508,11 @@ class SGD(Optimizer):
         sgd_update(w, g, self.lr, tmp[0], trace, self.momentum, self.nesterov, tmp[1])
 
     def config(self) -> dict[str, Any]:
-        """The configuration: the shared entries, ``momentum`` and ``nesterov``."""
+        """The configuration, what a checkpoint records and a program copies.
+
+        Returns:
+            The shared entries (see ``Adam.config``), ``momentum`` and ``nesterov``.
+        """
         return {**super().config(), "momentum": self.momentum, "nesterov": self.nesterov}
 
 
@@ -586,5 +594,10 @@ class Adam(Optimizer):
         adam_update(w, g, state[0], state[1], self.b1, self.b2, self.eps, sc, self.eps_mode, tmp[0], tmp[1], wd)
 
     def config(self) -> dict[str, Any]:
-        """The configuration: the shared entries, ``b1``, ``b2``, ``eps`` and ``eps_mode``."""
+        """The configuration, what a checkpoint records and a program copies.
+
+        Returns:
+            ``kind``, ``lr``, ``clip``, ``clip_mode``, the per-parameter ``l2`` and ``wd`` lists,
+            ``b1``, ``b2``, ``eps`` and ``eps_mode``.
+        """
         return {**super().config(), "b1": self.b1, "b2": self.b2, "eps": self.eps, "eps_mode": self.eps_mode}

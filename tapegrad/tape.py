@@ -98,6 +98,12 @@ class Var:
     ``tg.relu``: each method below is the function of the same name with ``x`` as its first argument.
     A Var has no truth value (``if x:`` raises ``TypeError``).
 
+    Args:
+        tape: The tape holding the node.
+        i: The node's id (-1: a poisoned Var).
+        epoch: The tape's reset generation when the node was made: a Var that ``reset_to``
+            dropped is caught with it.
+
     Examples:
         >>> import tapegrad as tg, numpy as np
         >>> tape = tg.Tape()

@@ -280,8 +280,11 @@ def report(r, out_dir):
     for (a, b), diffs in pairs.items():
         if any(diffs):   # a bit-identical pair has nothing to draw on a log scale (said in the table)
             ax.semilogy([max(x, 1e-17) for x in diffs], label=f"{a} vs {b}", lw=1)
-    ax.set(xlabel="step", ylabel="max relative gradient difference", title="where the three agree")
-    ax.legend()
+    cfg = r["cfg"]
+    ax.set(xlabel="Adam step", ylabel="max relative gradient difference")
+    ax.set_title(f"character transformer (width {cfg['d']}, {cfg['heads']} heads, context {cfg['T']}), float64:\n"
+                 f"how far apart the three systems' gradients are", fontsize=10)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "transformer_grad.png"), dpi=120)
     save(out_dir, "transformer", markdown(r))

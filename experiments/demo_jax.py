@@ -13,7 +13,8 @@ from mlp import jax_loss
 
 
 def _episode(ctx, interop):
-    jax, jnp = interop.jax, interop.jnp
+    import jax
+    import jax.numpy as jnp
     native = interop.program.native_library() is not None
     prog = ctx.capture("native" if native else "numpy")[0]
     xb, yb = ctx.batches[0]
@@ -36,8 +37,9 @@ def _episode(ctx, interop):
 
 
 def _plain(ctx, interop):
+    import jax
+    import jax.numpy as jnp
     import optax
-    jax, jnp = interop.jax, interop.jnp
     o = ctx.make_opt()
     tx = optax.adam(o.lr, b1=o.b1, b2=o.b2, eps=o.eps)
 
@@ -66,8 +68,9 @@ def section(ctx):
     except ImportError as e:
         print(f"jax interop: skipped ({e})")
         return
-    interop.jax.config.update("jax_enable_x64", True)   # the demo's programs compute in float64
-    jnp = interop.jnp
+    import jax
+    import jax.numpy as jnp
+    jax.config.update("jax_enable_x64", True)   # the demo's programs compute in float64
     eager = np.array(ctx.eager_losses)
     print("inside jax.jit:")
     how, ep_losses, ep_us, ep_params = _episode(ctx, interop)

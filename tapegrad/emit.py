@@ -277,10 +277,11 @@ def c_grad(tape: Tape, loss: Var, params: Sequence[Var], leaves: dict[Var, str],
         The source text, deterministic for a given tape.
 
     Raises:
-        EmitError: Naming the node and op (and emitting nothing) for a non-scalar node, an op with
-            no scalar C form, a binding that is not a constant feeding the loss, a ``params`` list
-            that does not match, an unbound constant without ``bake``, a leaf expression reading
-            ``v`` without ``with_data``, a bad ``dialect`` or ``name``, a float32 or poisoned tape.
+        EmitError: If the tape cannot be emitted (the message names the node and op; nothing is
+            emitted): a non-scalar node, an op with no scalar C form, a binding that is not a
+            constant feeding the loss, a ``params`` list that does not match, an unbound constant
+            without ``bake``, a leaf expression reading ``v`` without ``with_data``, a bad
+            ``dialect`` or ``name``, a float32 or poisoned tape.
 
     Examples:
         >>> import numpy as np, tapegrad as tg

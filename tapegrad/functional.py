@@ -1450,9 +1450,9 @@ def conv(x: Operand, w: Operand, stride: Ints = 1, padding: Padding = "VALID", l
     stands for the same value in every spatial dimension.
 
     Args:
-        x: The input: (N, C, *spatial) in layout "NCHW", (N, *spatial, C) in "NHWC".
-        w: The kernel: (O, C/groups, *k) (OIHW) in layout "NCHW", (*k, C/groups, O) (HWIO) in
-            "NHWC".
+        x: The input: ``(N, C, *spatial)`` in layout "NCHW", ``(N, *spatial, C)`` in "NHWC".
+        w: The kernel: ``(O, C/groups, *k)`` (OIHW) in layout "NCHW", ``(*k, C/groups, O)``
+            (HWIO) in "NHWC".
         stride: The window strides.
         padding: "VALID", "SAME", "SAME_LOWER" (resolved to (lo, hi) pairs over the rhs-dilated
             kernel exactly as ``lax.padtype_to_pads`` does; like lax, not with lhs_dilation > 1), or

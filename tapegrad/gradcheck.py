@@ -50,7 +50,8 @@ def gradcheck(fn: Callable[..., Var], *arrays: ArrayLike, eps: float = 1e-6, rto
 
     Examples:
         >>> import numpy as np, tapegrad as tg
-        >>> report = tg.gradcheck(lambda t, x: (x.tanh() * x).sum(), np.linspace(-1, 1, 5))
+        >>> f = lambda t, x: (x.tanh() * x).sum()
+        >>> report = tg.gradcheck(f, np.linspace(-1, 1, 5))
         >>> report.ok, report.worst
         (True, 0)
     """

@@ -9,13 +9,15 @@ class TapeError(Exception):
     ``ValueError``), so ``except ValueError`` catches it too.
 
     Examples:
+        A poisoning tape keeps the error instead of raising it:
+
         >>> import numpy as np, tapegrad as tg
-        >>> tape = tg.Tape()
-        >>> try:
-        ...     tape.param(np.ones(2)) @ tape.param(np.ones((3, 1)))
-        ... except tg.ShapeError as e:
-        ...     print(e)
+        >>> tape = tg.Tape(on_error="poison")
+        >>> _ = tape.param(np.ones(2)) @ tape.param(np.ones((3, 1)))
+        >>> print(tape.error)
         matmul (node 2): expected two 2-D operands, got shapes (2,) and (3, 1)
+        >>> isinstance(tape.error, tg.ShapeError), isinstance(tape.error, ValueError)
+        (True, True)
     """
 
 

@@ -25,8 +25,8 @@ import interop  # noqa: E402
 import tapegrad as tg  # noqa: E402
 from bench_eager import side_by_side  # noqa: E402
 from interop import jax, jnp  # noqa: E402
-from interop import program as P  # noqa: E402
-from interop.callback import copying_call  # noqa: E402
+from interop.xla import program as P  # noqa: E402
+from interop.xla.callback import copying_call  # noqa: E402
 from mlp import blas_kernel, cpu_model, init, jax_loss, tape_loss  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)   # the programs compute in float64

@@ -25,8 +25,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import interop  # noqa: E402
 from interop import jax, jnp  # noqa: E402
-from interop import oracle as O  # noqa: E402
-from interop.oracle_replay import Plan  # noqa: E402
+from interop.oracle import check as O  # noqa: E402
+from interop.oracle.replay import Plan  # noqa: E402
 import jax.test_util  # noqa: E402
 
 import test_oracle_corpus as corpus  # noqa: E402

@@ -35,8 +35,8 @@ import optax.contrib  # noqa: E402
 
 import interop  # noqa: E402
 from interop import jax  # noqa: E402
-from interop import oracle as O  # noqa: E402
-from interop.oracle_replay import Plan  # noqa: E402
+from interop.oracle import check as O  # noqa: E402
+from interop.oracle.replay import Plan  # noqa: E402
 
 import oracle_library_cases as lib  # noqa: E402
 

@@ -15,7 +15,7 @@ from mlp import jax_loss
 def _episode(ctx, interop):
     import jax
     import jax.numpy as jnp
-    native = interop.program.native_library() is not None
+    native = interop.xla.program.native_library() is not None
     prog = ctx.capture("native" if native else "numpy")[0]
     xb, yb = ctx.batches[0]
     shapes = [prog.shapes[k] for k in prog.consts]

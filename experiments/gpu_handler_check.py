@@ -1,4 +1,4 @@
-"""The GPU custom call's C handler (``interop/tg_gpu.c``) on a real device, without XLA: part of ``gpu_check.py``.
+"""The GPU custom call's C handler (``interop/xla/tg_gpu.c``) on a real device, without XLA: part of ``gpu_check.py``.
 
 An nvcc-built executable plays XLA's part: it builds the tiny ordered fused MLP program (its CUDA source,
 its buffers, its episode captured as a CUDA graph with the runtime API), allocates separate "XLA" buffers

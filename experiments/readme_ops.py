@@ -25,7 +25,7 @@ def rewrite(page, name, body):
 def main():
     rewrite("ops.md", "ops", O.markdown_table())
     try:
-        from interop.oracle_rules import primitive_table
+        from interop.oracle import primitive_table
     except ImportError:   # no jax here: leave the oracle's table as it is
         return
     rewrite("oracle.md", "oracle", primitive_table())

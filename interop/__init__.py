@@ -11,10 +11,10 @@
   JAX function's jaxpr on a tape and compare with ``jax.grad`` (a report, or an AssertionError).
 - ``optax_chain(opt)`` / ``compare_with_optax(...)``: tapegrad optimizers next to their optax twins.
 
-Module map: ``dlpack`` (bridges), ``callback`` (the one place that picks the host-callback
-mechanism), ``function`` (jax_function), ``program`` + ``tg_xla.c`` (FFI custom calls and their
-fallback), ``gpu_call`` + ``tg_gpu.c`` (the episode as a CUDA custom call), ``oracle`` + ``oracle_replay`` + ``oracle_loops`` + ``oracle_rules`` (check_grads: the report,
-the replay of a jaxpr, its loops and branches, the primitive table), ``parity`` (optax), ``capture_jax`` (JAX functions as programs).
+Three rooms, each a subpackage with its own map: ``oracle`` (check_grads: the replay of a jaxpr on a tape,
+its primitive table at the bottom), ``xla`` (JAX calls tapegrad: FFI custom calls, the host callback,
+DLPack) and ``capture`` (JAX functions as programs, standing on the oracle's replay and calling through
+``xla``). ``_jax`` is the one module that imports jax.
 
 Importing interop changes no JAX setting (see ``interop._jax``): the oracle scopes its own 64-bit
 mode, and float64 programs ask for it when it is off.
@@ -30,15 +30,13 @@ from tapegrad import __version__ as __version__   # one version: interop ships i
 __tapegrad_interop__ = True
 
 from ._jax import jax, jnp  # noqa: E402
-from .dlpack import CopyWarning, cupy_to_jax, from_jax, jax_to_cupy, preallocation_advice, to_jax
-from .capture_jax import CaptureError, Captured, capture_jax
-from .train import TrainStep, ValueAndGrad, train_step, value_and_grad
-from .function import TransformError, jax_function
+from .xla import (CopyWarning, ProgramError, SGDState, TransformError, cupy_to_jax, episode_state, flatten_state,
+                  from_jax, jax_function, jax_to_cupy, preallocation_advice, program_call, program_episode,
+                  program_inputs, to_jax, unflatten_state)
 from .oracle import (CheckGradsError, Divergence, GradientMismatchError, GradReport, Kink, Precision, TracingError,
                      UnsupportedPrimitiveError, assert_grads, check_grads)
-from .parity import ParityReport, compare_with_optax, optax_chain
-from .program import (ProgramError, SGDState, episode_state, flatten_state, program_call, program_episode,
-                      program_inputs, unflatten_state)
+from .capture import (CaptureError, Captured, ParityReport, TrainStep, ValueAndGrad, capture_jax, compare_with_optax,
+                      optax_chain, train_step, value_and_grad)
 
 __all__ = ["jax", "jnp", "CopyWarning", "to_jax", "from_jax", "cupy_to_jax", "jax_to_cupy", "preallocation_advice",
            "CaptureError", "Captured", "capture_jax", "value_and_grad", "train_step", "TrainStep", "ValueAndGrad",

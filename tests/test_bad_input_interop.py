@@ -227,7 +227,7 @@ def test_emit_non_scalar_and_float32_tapes():
 FALLBACK = r"""
 import logging
 logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
-from interop import program
+from interop.xla import program
 print(program.native_library())
 """
 

@@ -321,7 +321,7 @@ def test_train_step_runs_an_optimizer_without_a_native_form_through_xla_and_says
 
 
 def test_a_misread_optimizer_is_caught_against_optax_before_it_trains(monkeypatch):
-    from interop import optax_native
+    from interop.capture import optax_native
     real = optax_native.read
 
     def misread(opt):

@@ -14,7 +14,7 @@ nn = pytest.importorskip("flax.linen")
 import jax.numpy as jnp  # noqa: E402
 
 import interop  # noqa: E402
-from interop.capture_jax import CaptureError  # noqa: E402
+from interop.capture.capture import CaptureError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("x64")
 

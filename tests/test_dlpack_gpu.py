@@ -14,7 +14,7 @@ import pytest
 
 import interop
 from interop import jax
-from interop.dlpack import preallocation_advice
+from interop.xla.dlpack import preallocation_advice
 from tapegrad import _arena
 
 
@@ -182,7 +182,7 @@ def test_the_bridges_warn_once_when_jax_would_starve_cupy(fake_cupy, monkeypatch
     monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE")
     for name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_ALLOCATOR"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(interop.dlpack, "_ADVISED", [])
+    monkeypatch.setattr(interop.xla.dlpack, "_ADVISED", [])
     src = FakeArray(fake_cupy, _aligned(np.ones(3)))
     with pytest.warns(ResourceWarning, match="XLA_PYTHON_CLIENT_PREALLOCATE=false"):
         interop.cupy_to_jax(src)

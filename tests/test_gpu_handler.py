@@ -1,4 +1,4 @@
-"""The GPU custom call's C handler (interop/tg_gpu.c) without a GPU.
+"""The GPU custom call's C handler (interop/xla/tg_gpu.c) without a GPU.
 
 It compiles with warnings as errors; its pure parts (the step scalars, the settab plan) equal the CPU
 backends' values with ``==``; without a driver it fails with a clear error, through XLA's own call frames
@@ -18,8 +18,8 @@ import pytest
 
 import tapegrad as tg
 from interop import jax
-from interop import program as P
-from interop.gpu_call import _handles, _optimizer
+from interop.xla import program as P
+from interop.xla.gpu_call import _handles, _optimizer
 from tapegrad.gpu.host import emulate
 from tapegrad.gpu.source import SETTAB, CudaProgram
 from tapegrad.native import build

@@ -7,8 +7,8 @@ import pytest
 
 import tapegrad as tg
 from interop import jax
-from interop.gpu_call import platform_episode, program_episode_gpu
-from interop.program import episode_state
+from interop.xla.gpu_call import platform_episode, program_episode_gpu
+from interop.xla.program import episode_state
 
 SIZES = (6, 8, 3)
 

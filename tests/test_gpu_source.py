@@ -253,7 +253,7 @@ def test_a_row_local_run_with_a_column_member_is_one_kernel_and_other_rows_start
 
 @pytest.mark.parametrize("kind", ["SGD", "Adam"])
 def test_operand_slots_point_at_each_operands_memory(kind):
-    """interop.gpu_call's operands (params, Adam's moments per attached parameter, the step count,
+    """interop.xla.gpu_call's operands (params, Adam's moments per attached parameter, the step count,
     inputs) map to table entries holding that operand's address; -1 where no kernel reads it (a param
     the loss does not reach, its moments, an unused input, the count); the loss's entry holds its value."""
     rng = np.random.default_rng(4)

@@ -8,7 +8,7 @@ import tapegrad as tg
 
 interop = pytest.importorskip("interop")
 from interop import CopyWarning, jax, jnp  # noqa: E402
-from interop import program as P  # noqa: E402
+from interop.xla import program as P  # noqa: E402
 
 RNG = np.random.default_rng(17)
 

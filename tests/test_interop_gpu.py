@@ -6,8 +6,8 @@ import pytest
 
 import tapegrad as tg
 from interop import jax
-from interop.gpu_call import TARGET, platform_episode, program_episode_gpu, slots, target
-from interop.program import ProgramError, episode_state, program_episode, program_inputs
+from interop.xla.gpu_call import TARGET, platform_episode, program_episode_gpu, slots, target
+from interop.xla.program import ProgramError, episode_state, program_episode, program_inputs
 from tapegrad.gpu.source import CudaProgram
 
 HANDLES = dict(graph=11, settab=22, table=33, ctl=44)
@@ -107,7 +107,7 @@ def test_the_refusals_are_whole_messages(monkeypatch):
                                            r"\(this one is 'native'\); pass handles=\.\.\. only to inspect the "
                                            r"lowering$"):
         program_episode_gpu(program())
-    from interop import gpu_call
+    from interop.xla import gpu_call
     monkeypatch.setattr(gpu_call, "native_library", lambda: None)
     monkeypatch.setitem(gpu_call._LIB, "why", "no C compiler")
     with pytest.raises(ProgramError, match=r"^program_episode_gpu: the FFI handlers cannot be built here "

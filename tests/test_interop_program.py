@@ -14,7 +14,7 @@ optax = pytest.importorskip("optax")
 from absl.testing import parameterized  # noqa: E402  (installed with chex)
 
 from interop import ProgramError, jax, jnp  # noqa: E402
-from interop import program as P  # noqa: E402
+from interop.xla import program as P  # noqa: E402
 
 RNG = np.random.default_rng(7)
 DATA = [(RNG.standard_normal((5, 4)), np.eye(3)[RNG.integers(0, 3, 5)]) for _ in range(12)]
@@ -334,7 +334,7 @@ def test_data_parallel_grads_under_shard_map_on_four_host_devices(backend):
 NO_CC = r'''
 import numpy as np, tapegrad as tg, interop
 from interop import jax, jnp
-from interop import program as P
+from interop.xla import program as P
 assert P.native_library() is None and "compiler" in P._LIB["why"], P._LIB
 tape = tg.Tape()
 W = tape.param(np.arange(12.0).reshape(4, 3) / 10); x = tape.const(np.ones((2, 4)))
@@ -443,7 +443,7 @@ import os, sys, functools
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 import numpy as np, tapegrad as tg, interop
 from interop import jax, jnp
-from interop import program as PR
+from interop.xla import program as PR
 from jax.sharding import PartitionSpec as P, NamedSharding
 rng = np.random.default_rng(0)
 tape = tg.Tape()

@@ -8,7 +8,7 @@ import pytest
 
 interop = pytest.importorskip("interop")
 from interop import _jax, jax, jnp  # noqa: E402
-from interop.oracle_replay import compiled  # noqa: E402
+from interop.oracle.replay import compiled  # noqa: E402
 from jax import lax  # noqa: E402
 
 RNG = np.random.default_rng(26)

@@ -154,9 +154,23 @@ def test_tapegrad_has_no_module_level_import_cycle():
     assert not found, f"module-level import cycles in tapegrad: {describe(found)}"
 
 
-def test_interop_has_no_module_level_import_cycle():
-    found = [c for c in cycles(TOP) if any(m.startswith("interop") for m in c)]
-    assert not found, f"module-level import cycles through interop: {describe(found)}"
+def test_interop_has_no_import_cycle_module_or_function_level():
+    both = {m: TOP[m] | INNER[m] for m in TOP}
+    found = [c for c in cycles(both) if any(m.startswith("interop") for m in c)]
+    assert not found, f"import cycles through interop: {describe(found)}"
+
+
+def test_the_oracle_s_table_sits_below_its_rules_and_the_capture_above_the_oracle_and_xla():
+    """As tapegrad/ops/registry.py below the op families: the table imports nothing of interop, the
+    families register into it, the replay reads it; the capture stands on the oracle and calls through xla."""
+    assert not {t for t in TOP["interop.oracle.table"] | INNER["interop.oracle.table"] if t.startswith("interop")}
+    for family in ("rules", "loops", "trust"):
+        assert "interop.oracle.table" in TOP[f"interop.oracle.{family}"]
+    assert "interop.oracle.table" in TOP["interop.oracle.replay"]
+    assert {"interop.oracle.replay", "interop.xla.program"} <= set().union(*(TOP[m] for m in TOP
+                                                                           if m.startswith("interop.capture")))
+    assert not any(t.startswith(("interop.capture", "interop.oracle")) for m in TOP if m.startswith("interop.xla")
+                   for t in TOP[m] | INNER[m])
 
 
 # docs/design.md's layers, bottom to top: a module's layer is the first whose names or prefixes match it
@@ -170,7 +184,11 @@ LAYERS = [
     ("the package", {"tapegrad", "tapegrad.__main__"}),
     ("the native backend", {"tapegrad.native", "tapegrad.native."}),
     ("the GPU backend", {"tapegrad.gpu", "tapegrad.gpu."}),
-    ("interop", {"interop", "interop."}),
+    ("interop's one import of jax", {"interop._jax"}),
+    ("interop: JAX calls tapegrad", {"interop.xla", "interop.xla."}),
+    ("interop: the oracle", {"interop.oracle", "interop.oracle."}),
+    ("interop: the capture", {"interop.capture", "interop.capture."}),
+    ("interop", {"interop"}),
 ]
 
 
@@ -237,5 +255,5 @@ def test_the_graph_sees_the_real_imports():
     """The walker reads this tree's imports as they are (a guard against a walker that finds nothing)."""
     assert "tapegrad.ops.registry" in TOP["tapegrad.ops.core"]
     assert {"tapegrad.ops.core", "tapegrad.ops.linalg"} <= TOP["tapegrad.ops"]
-    assert "tapegrad.ops" in TOP["tapegrad.tape"] and "tapegrad.ops" in TOP["interop.oracle_rules"]
+    assert "tapegrad.ops" in TOP["tapegrad.tape"] and "tapegrad.ops" in TOP["interop.oracle.rules"]
     assert sum(len(v) for v in TOP.values()) > 100

@@ -619,11 +619,11 @@ def model_fori_loop_dynamic_index(x):
 def test_corpus_entry(name, f, args, kw, verdict, lowp):
     with jax.enable_x64(True):
         values = [a() for a in args]
-    before = interop.oracle.FULL_EVALUATIONS[0]
+    before = interop.oracle.check.FULL_EVALUATIONS[0]
     report = interop.check_grads(f, *values, **kw)
     assert report.ok, str(report)
     if verdict == "agree":   # JAX's side is one compiled call: no per-step values unless locating something
-        assert interop.oracle.FULL_EVALUATIONS[0] == before
+        assert interop.oracle.check.FULL_EVALUATIONS[0] == before
     assert report.verdict == verdict, str(report)
     assert (report.precision is not None) == lowp, str(report)
     if verdict == "kink":

@@ -1,5 +1,5 @@
 """The oracle on decompositions whose derivative is written here: ``svd`` (thin, or singular values only)
-replays JAX's (s, U, Vᵀ) with the thin-SVD reverse rule of ``interop/oracle_rules.py``, so ``pinv``,
+replays JAX's (s, U, Vᵀ) with the thin-SVD reverse rule of ``interop/oracle/rules.py``, so ``pinv``,
 ``norm(ord=2)``, ``norm('nuc')`` and ``lstsq`` replay; each is checked against ``jax.vjp`` and against
 finite differences (independent of both AD sides), a derivative 1% off is caught, and singular vectors
 of a near-degenerate spectrum are refused as ill-conditioned by name."""
@@ -10,7 +10,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import interop  # noqa: E402
-from interop.oracle_rules import UnsupportedPrimitiveError  # noqa: E402
+from interop.oracle.rules import UnsupportedPrimitiveError  # noqa: E402
 from test_oracle_promotion import _fd  # noqa: E402
 
 SHAPES = {"tall": (5, 3), "wide": (3, 5)}
@@ -66,7 +66,7 @@ def test_singular_values_replay_inside_a_gradient_penalty():
 
 
 def test_an_svd_derivative_one_percent_off_is_caught_and_located_at_svd(monkeypatch):
-    from interop import oracle_rules
+    from interop.oracle import table as oracle_rules
     good = oracle_rules.RULES["svd"]
 
     def off(r, xs, eqn):   # JAX's (s, U, Vᵀ) kept, dU scaled by 1.01: the value agrees, the gradient must not
@@ -130,7 +130,7 @@ def test_cho_solve_replays_jax_s_unspecified_triangle_and_matches_jax_vjp_and_fi
     (the input's), and its rule takes the tangent as given (jax 0.10) or mirrors its lower triangle (jax
     0.12). The replay keeps that triangle's value and follows the installed JAX's rule; finite differences
     along symmetric directions (of B in A = B Bᵀ + 4 I) agree with both."""
-    from interop.oracle_rules import jax_cholesky_mirrors_its_tangent
+    from interop.oracle.rules import jax_cholesky_mirrors_its_tangent
     rng = np.random.default_rng(14)
     with jax.enable_x64(True):
         B = jnp.asarray(rng.standard_normal((4, 4)))

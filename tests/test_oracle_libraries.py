@@ -15,7 +15,7 @@ pytest.importorskip("flax")
 pytest.importorskip("equinox")
 pytest.importorskip("optax")
 from interop import jax  # noqa: E402
-from interop.oracle_rules import UnsupportedPrimitiveError  # noqa: E402
+from interop.oracle.rules import UnsupportedPrimitiveError  # noqa: E402
 
 import oracle_library_cases as lib  # noqa: E402
 

@@ -14,7 +14,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import interop  # noqa: E402
-from interop.oracle_replay import lowp_bound  # noqa: E402
+from interop.oracle.replay import lowp_bound  # noqa: E402
 
 F32_BOUND = lowp_bound(float(jnp.finfo(jnp.float32).eps), 1e-12)
 
@@ -250,7 +250,7 @@ def test_the_patch_is_gone_after_a_concrete_check():
 # ── cold checks: one compile per distinct loop body ──────────────────────────
 
 def test_identical_loop_bodies_are_one_object_so_compiled_once():
-    from interop import oracle as O
+    from interop.oracle import check as O
 
     def ns(g):   # a Newton–Schulz-like scan, traced anew (a new jaxpr object) at every call
         return jax.lax.scan(lambda x, _: (1.5 * x - 0.5 * x @ x.T @ x, None), g / jnp.linalg.norm(g), None,

@@ -1,6 +1,6 @@
 """Optimizer parity: tapegrad Adam (optax ε form) ± L2 ± clipping vs the matching optax chain, 100 steps.
 
-Findings (also in interop/parity.py):
+Findings (also in interop/capture/parity.py):
 - optax run op by op: bit-identical for Adam, Adam + L2 and SGD over 100 steps, and with clipping as
   long as it never triggers. With active clipping the global norm is summed in another order (BLAS
   dots added in registration order vs XLA's per-leaf reduction): parameters differ from the first
@@ -16,7 +16,7 @@ import tapegrad as tg
 interop = pytest.importorskip("interop")
 chex = pytest.importorskip("chex")
 from interop import jnp  # noqa: E402
-from interop.parity import compare_with_optax, optax_chain  # noqa: E402
+from interop.capture.parity import compare_with_optax, optax_chain  # noqa: E402
 
 RNG = np.random.default_rng(0)
 INIT = [RNG.standard_normal((8, 5)), RNG.standard_normal(5)]

@@ -7,7 +7,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import interop  # noqa: E402
-from interop.oracle_rules import UnsupportedPrimitiveError  # noqa: E402
+from interop.oracle.rules import UnsupportedPrimitiveError  # noqa: E402
 from test_oracle_promotion import _fd  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def test_qr_of_a_wide_or_full_matrix_is_refused_by_name():
 
 
 def test_a_qr_derivative_one_percent_off_is_caught_and_located_at_qr(monkeypatch):
-    from interop import oracle_rules
+    from interop.oracle import table as oracle_rules
     good = oracle_rules.RULES["qr"]
 
     def off(r, xs, eqn):   # JAX's (Q, R) kept, dR scaled by 1.01: the value agrees, the gradient must not

@@ -176,7 +176,7 @@ def test_log2_and_expm_replay_whether_log2_is_a_primitive_jax_0_12_or_a_division
 
 
 def test_the_shape_parameter_of_igamma_is_refused_by_name():
-    from interop.oracle_rules import UnsupportedPrimitiveError
+    from interop.oracle.rules import UnsupportedPrimitiveError
     with jax.enable_x64(True):
         f = lambda a: jnp.sum(jax.scipy.stats.gamma.cdf(jnp.array([0.5, 2.0]), a))   # noqa: E731
         with pytest.raises(UnsupportedPrimitiveError, match=r"igamma \(igamma differentiated in its first operand"):
@@ -184,7 +184,7 @@ def test_the_shape_parameter_of_igamma_is_refused_by_name():
 
 
 def test_eigh_replays_eigenvalues_and_eigenvectors_and_refuses_a_degenerate_spectrum_by_name():
-    from interop.oracle_rules import UnsupportedPrimitiveError
+    from interop.oracle.rules import UnsupportedPrimitiveError
     rng = np.random.default_rng(6)
     with jax.enable_x64(True):
         A = jnp.asarray(rng.standard_normal((4, 4)))

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("interop")
-from interop import oracle  # noqa: E402
+from interop.oracle import check as oracle  # noqa: E402
 
 
 def test_a_kink_names_its_step_and_where_it_sits_only_when_nested():
@@ -103,7 +103,7 @@ def test_a_nudge_moves_each_float_input_off_its_kink_by_a_small_relative_step():
     from types import SimpleNamespace
     from jax.core import ShapedArray
     from interop import jnp
-    from interop.oracle_replay import Literal
+    from interop.oracle.replay import Literal
     x = np.array([0.0, 3.0, -2.0, 0.5] * 64)
     ints, empty = np.arange(4, dtype=np.int32), np.zeros((0,))
     lit = Literal(2.0, ShapedArray((), jnp.float64))

@@ -174,7 +174,7 @@ def test_the_sdist_holds_what_the_tests_read_and_they_pass_unpacked(tmp_path):
 
 
 WHEEL_HOLDS = ["tapegrad/py.typed", "interop/py.typed", "tapegrad/environment.py", "tapegrad/__main__.py",
-               "tapegrad/ops/__init__.py", "tapegrad/native/runtime.c", "interop/tg_xla.c", "interop/tg_gpu.c"]
+               "tapegrad/ops/__init__.py", "tapegrad/native/runtime.c", "interop/xla/tg_xla.c", "interop/xla/tg_gpu.c"]
 
 
 def test_the_wheel_built_from_the_sdist_holds_the_package(tmp_path):

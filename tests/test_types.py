@@ -9,8 +9,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PUBLIC = ["tapegrad/__init__.py", "tapegrad/errors.py", "tapegrad/tape.py", "tapegrad/capture.py",
           "tapegrad/optim.py", "tapegrad/checkpoint.py", "tapegrad/functional.py", "tapegrad/gradcheck.py",
-          "interop/__init__.py", "interop/program.py", "interop/function.py", "interop/dlpack.py",
-          "interop/parity.py", "interop/oracle.py"]
+          "interop/__init__.py", "interop/xla/program.py", "interop/xla/function.py", "interop/xla/dlpack.py",
+          "interop/capture/parity.py", "interop/oracle/check.py"]
 
 
 def test_public_modules_type_check():

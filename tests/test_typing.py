@@ -23,9 +23,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 USER = '''"""A user's training script: an MLP on a tape, its gradient checked, captured and trained."""
 import numpy as np
 
+import jax
+import jax.numpy as jnp
+import optax
+
 import interop
 import tapegrad as tg
-from interop import jnp
 
 rng = np.random.default_rng(0)
 tape = tg.Tape()
@@ -79,6 +82,18 @@ def jloss(w, xs):
 
 report = interop.check_grads(jloss, rng.standard_normal((4, 3)), rng.standard_normal((5, 4)))
 assert report.ok, str(report)
+
+w0, xs0 = jnp.ones((4, 3)), jnp.ones((5, 4))
+step, state = interop.train_step(jloss, w0, xs0, optimizer=optax.adam(1e-2), backend="numpy")
+loss_value, state = step(state, xs0)
+state, losses = step.scan(state, jnp.stack([xs0, xs0]))
+native: bool = step.native_update
+why: str | None = step.why
+captured = step.captured
+n_params: int = 0 if captured is None else len(captured.program.params)
+vg = interop.value_and_grad(jloss, backend="numpy")
+v, g = jax.jit(vg)(w0, xs0)
+assert vg.captured is not None and native and why is None and n_params == 1
 print(interop.__version__, tg.__version__)
 '''
 

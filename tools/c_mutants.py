@@ -1,7 +1,7 @@
 """Hand-written mutations of the C the native backend and the XLA handler run (``make mutants``).
 
 mutmut mutates Python only; the C runtime (``tapegrad/native/runtime.c``), the FFI handlers
-(``interop/tg_xla.c``, ``interop/tg_gpu.c``) and the shared step scalars get this list of realistic single bugs instead: an off-by-one at a summation
+(``interop/xla/tg_xla.c``, ``interop/xla/tg_gpu.c``) and the shared step scalars get this list of realistic single bugs instead: an off-by-one at a summation
 threshold, a dropped NaN check, a swapped operand, a missed bias correction. Each is applied to a
 scratch copy of the tree (``build/mutants/c/``, ``c1/``…: one per job), the listed tests run against it (stopping at the
 first failure), and the mutant counts as killed when they fail. A mutant that no longer compiles is
@@ -24,9 +24,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "build", "mutants")
-RT, XLA = "tapegrad/native/runtime.c", "interop/tg_xla.c"
+RT, XLA = "tapegrad/native/runtime.c", "interop/xla/tg_xla.c"
 SS = "tapegrad/native/step_scalars.c"   # Adam's step scalars: the native runtime's and the GPU handler's
-GPU, HANDLER = "interop/tg_gpu.c", ["tests/test_gpu_handler.py"]   # the GPU custom call (a stand-in driver)
+GPU, HANDLER = "interop/xla/tg_gpu.c", ["tests/test_gpu_handler.py"]   # the GPU custom call (a stand-in driver)
 NATIVE = ["tests/test_native_reductions.py", "tests/test_tape_sweep.py", "tests/test_optim_continuity.py",
           "tests/test_fuse.py", "tests/test_native.py", "tests/test_capture_inputs.py", "tests/test_replay_paths.py"]
 INTEROP = ["tests/test_interop_edges.py", "tests/test_interop_program.py"]
@@ -246,7 +246,7 @@ def run_one(work, k):
         f.write(orig.replace(old, new))
     # the FFI handler falls back silently when it does not build (programs then run through a host callback),
     # so a tg_xla.c mutation is first built on its own: one that does not compile is invalid, not killed
-    probe = "import sys; from interop import program as P; sys.exit(0 if P.native_library() else P._LIB['why'])"
+    probe = "import sys; from interop.xla import program as P; sys.exit(0 if P.native_library() else P._LIB['why'])"
     env = {**os.environ, "PYTHONPATH": work, "TAPEGRAD_CACHE": os.path.join(OUT, "cache"),
            "CC": os.path.join(ROOT, "tools", "cc_mutants")}   # -O0: same bits, compiles 20x faster
     try:

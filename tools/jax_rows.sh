@@ -52,7 +52,7 @@ row() {   # row PYTHON JAX: make or reuse the venv, install, check the FFI handl
                'jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'optax', optax.__version__,
                'flax', flax.__version__, 'equinox', equinox.__version__)"
     # Without a built FFI handler the program tests skip: a header that no longer compiles must fail here.
-    if ! "$vpy" -c "import sys; from interop import program as P; P.native_library() or sys.exit(P._LIB['why'])"; then
+    if ! "$vpy" -c "import sys; from interop.xla import program as P; P.native_library() or sys.exit(P._LIB['why'])"; then
         rows+=("| $name | FAILED: the FFI handler does not build | $((SECONDS - t0)) s |")
         failed=1
         return

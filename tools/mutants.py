@@ -61,9 +61,9 @@ MODULES = {
     "codegen": ("tapegrad/native/codegen.py", ["tests/test_native.py", "tests/test_fuse.py", "tests/test_emit.py",
                                                "tests/test_native_reductions.py", "tests/test_tape_sweep.py",
                                                "tests/test_codegen_paths.py"]),
-    "oracle": ("interop/oracle.py", ["tests/test_oracle_check_grads.py", "tests/test_interop_edges.py",
+    "oracle": ("interop/oracle/check.py", ["tests/test_oracle_check_grads.py", "tests/test_interop_edges.py",
                                      "tests/test_oracle_reports.py"]),
-    "program": ("interop/program.py", ["tests/test_interop_program.py", "tests/test_interop_edges.py"]),
+    "program": ("interop/xla/program.py", ["tests/test_interop_program.py", "tests/test_interop_edges.py"]),
     "gpu": ("tapegrad/gpu/source.py", ["tests/test_gpu_source.py", "tests/test_gpu.py", "tests/test_gpu_ops.py",
                                        "tests/test_gpu_ops_more.py"]),
     "ordered": ("tapegrad/ordered.py", ["tests/test_ordered.py", "tests/test_tape_edges.py"]),
@@ -78,8 +78,8 @@ MODULES = {
     "gpu_reduce": ("tapegrad/gpu/source_reduce.py", ["tests/test_gpu_ops.py"]),
     "gpu_scan": ("tapegrad/gpu/source_scan.py", ["tests/test_gpu_ops.py"]),
     "gpu_device_runtime": ("tapegrad/gpu/device_runtime.py", ["tests/test_gpu_ops.py", "tests/test_gpu_ops_more.py"]),
-    "gpu_call": ("interop/gpu_call.py", ["tests/test_interop_gpu.py", "tests/test_gpu_handler.py"]),
-    "dlpack": ("interop/dlpack.py", ["tests/test_dlpack_gpu.py", "tests/test_interop.py", "tests/test_interop_edges.py",
+    "gpu_call": ("interop/xla/gpu_call.py", ["tests/test_interop_gpu.py", "tests/test_gpu_handler.py"]),
+    "dlpack": ("interop/xla/dlpack.py", ["tests/test_dlpack_gpu.py", "tests/test_interop.py", "tests/test_interop_edges.py",
                                      "tests/test_bad_input_interop.py"]),
 }
 # the registry (the Op record, the table, the test domains) is read by the same tests as the core ops

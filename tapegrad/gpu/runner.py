@@ -215,7 +215,7 @@ class CupyRunner(LaunchRunner):
         self.stream.synchronize()
 
     def handles(self):
-        """The device objects the GPU custom call names (``interop.gpu_call``): the episode's graph
+        """The device objects the GPU custom call names (``interop.xla.gpu_call``): the episode's graph
         (captured now if no episode ran yet), the settab kernel, the pointer table (and its entries),
         the control buffer and the device. Valid while this runner lives (re-attaching rebuilds it)."""
         if self.graph is None:

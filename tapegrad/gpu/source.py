@@ -501,7 +501,7 @@ class CudaProgram:
     def operand_slots(self):
         """The table entry of each operand of the GPU episode custom call — params, Adam's moments
         (mu_j, nu_j per attached parameter), -1 for the step count, inputs; -1 where no kernel reads the
-        operand — and the loss's entry (``interop.gpu_call``)."""
+        operand — and the loss's entry (``interop.xla.gpu_call``)."""
         p, o = self.p, self.p.opt
         out = [self.index.get(("v", k), -1) for k in p.params]
         if o is not None and o.kind == "Adam":

@@ -1,6 +1,6 @@
 /* Adam's per-step host scalars in C: optim.Adam.step_scalars(count), operation for operation with the
  * same libm pow (Python's float ** int calls it too), so every backend that computes them here -- the
- * native runtime's optimizer step and the GPU custom call (interop/tg_gpu.c) -- gets the very bits the
+ * native runtime's optimizer step and the GPU custom call (interop/xla/tg_gpu.c) -- gets the very bits the
  * tape uses. s = [-lr, 1 - b1^t, 1 - b2^t] (eps_mode "optax"), or [lr * sqrt(1 - b2^t) / (1 - b1^t)]
  * (eps_mode "hat"). */
 #include <math.h>

@@ -1,4 +1,4 @@
-/* A stand-in CUDA driver for testing interop/tg_gpu.c on a machine without a GPU: the handler loads it
+/* A stand-in CUDA driver for testing interop/xla/tg_gpu.c on a machine without a GPU: the handler loads it
  * through $TAPEGRAD_LIBCUDA. "Device" memory is host memory, copies are memcpy, a kernel launch is the
  * settab kernel's effect (vt[idx[j]] = ptr[j], the same by-value table the handler builds), and a graph
  * launch calls back into the test (which runs the program's launch lists in the host emulation). Every

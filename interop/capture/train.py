@@ -3,7 +3,7 @@
 ``value_and_grad(fn)`` stands where ``jax.value_and_grad(fn)`` stands (inside a jitted step, over a
 closure, with ``has_aux``) and ``train_step(fn, params, *batch, optimizer=)`` gives a ``TrainStep``, one
 jitted function for forward, backward and the optimizer's update. Both capture ``fn`` once per input
-signature (``interop.signatures``), so a new batch shape captures again as ``jax.jit`` traces again.
+signature (``interop.capture.signatures``), so a new batch shape captures again as ``jax.jit`` traces again.
 """
 import functools
 from typing import Any, Callable, Generic, Optional, Sequence, TypeVar, Union
@@ -12,11 +12,11 @@ import numpy as np
 
 import tapegrad as tg
 
-from ._jax import jax, jnp
+from .._jax import jax, jnp
 from . import optax_native
-from .capture_jax import CaptureError, Captured
-from .oracle_replay import lowp_bound
-from .program import program_call, program_episode
+from .capture import CaptureError, Captured
+from ..oracle.replay import lowp_bound
+from ..xla.program import program_call, program_episode
 from .signatures import Signatures
 
 State = TypeVar("State")

@@ -1,7 +1,7 @@
 """The gradient oracle: replay a JAX function's jaxpr on a tapegrad tape and compare with ``jax.grad``.
 
 ``check_grads(f, *args, argnums=…, has_aux=…)`` traces ``f`` as ``jax.jit`` would, records every
-step that depends on the differentiated arguments on a tape (``oracle_replay``, ``oracle_rules``),
+step that depends on the differentiated arguments on a tape (``replay``, ``rules``),
 runs tapegrad's reverse sweep and compares it with ``jax.value_and_grad`` of the same jaxpr. Both
 are exact reverse-mode sweeps in float64, so they differ only where XLA and NumPy round or sum in
 another order: the default bound is ``rtol=1e-12`` normwise per leaf, ``max|Δ| <= rtol·max|jax.grad|``
@@ -35,12 +35,12 @@ import numpy as np
 import tapegrad as tg
 from tapegrad.errors import TapeError
 
-from ._jax import jax, jnp
+from .._jax import jax, jnp
 import jax.extend.core as _core  # noqa: E402
-from .oracle_loops import loop_envs
-from .oracle_replay import (CONTROL, CUSTOM_CALLS, TRUST, JEnv, Literal, Plan, Replay, bind, compiled, custom_name,
+from .loops import loop_envs
+from .replay import (CONTROL, CUSTOM_CALLS, TRUST, JEnv, Literal, Plan, Replay, bind, compiled, custom_name,
                             diff, is_data, is_float, is_key, kind, lowp_bound, of_floats, summary)
-from .oracle_rules import CONSTANT, CONTROL_RULES, RULES, UnsupportedPrimitiveError, missing, primitive_table
+from .table import CONSTANT, CONTROL_RULES, RULES, UnsupportedPrimitiveError, missing, primitive_table
 
 __all__ = ["check_grads", "assert_grads", "GradReport", "Divergence", "Kink", "Precision",
            "UnsupportedPrimitiveError", "TracingError", "GradientMismatchError", "CheckGradsError", "primitive_table"]

@@ -11,8 +11,9 @@ import numpy as np
 
 import tapegrad as tg
 
-from ._jax import jax
-from .oracle_replay import NotReplayable, compiled, custom_name, is_float, of_floats
+from .._jax import jax
+from .replay import compiled, custom_name, is_float, of_floats
+from .table import CUSTOM, NotReplayable
 
 MAX_ENTRIES = 1 << 24   # the Jacobian is materialised: refused above 16M entries (128 MiB in float64)
 
@@ -56,3 +57,6 @@ def trusted_rule(r, st, xs, jenv):
             y = y + (r.tape.apply(tg.ops.reshape, term, None, shape) if shape != (m, 1) else term)
         outs[j] = y
     return outs
+
+
+CUSTOM["trusted"] = trusted_rule

@@ -10,7 +10,7 @@ result buffers, to be filled in place; ``args`` are read-only views of XLA's ope
 """
 import numpy as np
 
-from ._jax import jax, varying
+from .._jax import jax, varying
 
 MECHANISM = "buffer_callback"
 
@@ -31,7 +31,7 @@ def host_call(fn, result_specs, *args, vmap_method="sequential", input_output_al
     "broadcast_all" once with the batch axis leading on every operand).
 
     >>> import numpy as np, interop
-    >>> from interop.callback import host_call
+    >>> from interop.xla.callback import host_call
     >>> def twice(outs, x): np.multiply(x, 2.0, out=outs[0])
     >>> spec = interop.jax.ShapeDtypeStruct((3,), np.float64)
     >>> interop.jax.jit(lambda x: host_call(twice, (spec,), x)[0])(interop.jnp.arange(3.0))

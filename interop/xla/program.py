@@ -10,7 +10,7 @@ The handler runs the program on XLA's own buffers: it points a per-device copy o
 pointer table at the operands and results (no copies in or out), so the episode's parameters and
 optimizer state are updated where XLA keeps them (in place when donated), and shards on different
 host devices run at the same time on their own instances. Without a C compiler (or for a NumPy-backend
-program) the same functions run the program through ``interop.callback`` (zero-copy host callback),
+program) the same functions run the program through ``interop.xla.callback`` (zero-copy host callback),
 which copies the operands into the program's slots, runs the program's own code and copies the
 results out; both paths give the same bits.
 """
@@ -29,7 +29,7 @@ import tapegrad.native as native_pkg
 from tapegrad.capture import Program
 from tapegrad.errors import TapeError
 
-from ._jax import align_varying, jax, jnp, varying, x64_enabled
+from .._jax import align_varying, jax, jnp, varying, x64_enabled
 from .callback import host_call
 from .function import TransformError, first_order
 

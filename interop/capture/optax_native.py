@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from ._jax import jax
+from .._jax import jax
 
 
 @dataclass

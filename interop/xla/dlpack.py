@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike
 
 from tapegrad.errors import ArgumentError, DTypeError
 
-from ._jax import jax, jnp
+from .._jax import jax, jnp
 
 ALIGN = 64
 _KINDS = "fiucb"  # float, int, uint, complex, bool: what NumPy exports over DLPack
@@ -113,7 +113,7 @@ def from_jax(x: "jax.Array", copy: Optional[bool] = None) -> np.ndarray:
     if isinstance(x, jax.core.Tracer):
         raise ArgumentError(f"from_jax: got a traced {x.dtype}{list(x.shape)} value (inside jit, grad or vmap), "
                             f"which has no memory to view; call from_jax on concrete arrays outside the "
-                            f"transformation, or use interop.callback / jax_function to run host code inside it")
+                            f"transformation, or use interop.xla.callback / jax_function to run host code inside it")
     if not isinstance(x, jax.Array):
         raise ArgumentError(f"from_jax: expected a jax.Array, got {type(x).__name__}")
     if copy is True:
@@ -165,7 +165,7 @@ def preallocation_advice(environ: Optional[Any] = None) -> Optional[str]:
     (preallocate less; ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is its older name) or
     ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` leaves room.
 
-    >>> from interop.dlpack import preallocation_advice
+    >>> from interop.xla.dlpack import preallocation_advice
     >>> preallocation_advice({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}) is None
     True
     >>> preallocation_advice({}).split(":")[0]

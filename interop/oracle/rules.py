@@ -1,13 +1,12 @@
-"""The oracle's primitive table: how each JAX primitive is recorded on a tapegrad tape.
+"""The oracle's primitive rules: how each JAX primitive is recorded on a tapegrad tape.
 
 A rule ``(r, xs, eqn) -> Var`` (a list for multi-result primitives) gets the step's operands as Vars
 (values that depend on the differentiated arguments) or NumPy arrays (JAX's values of everything
 else) and records the primitive with registry ops. ``CONSTANT`` primitives are piecewise constant:
 their results are JAX's values, entering the tape as constants. Any step whose results are all
 non-float (comparisons, integer arithmetic, random bits, keys) is likewise JAX's. Loops and branches
-are ``oracle_replay``'s; calls are inlined there before any rule is consulted.
-
-``primitive_table()`` is docs/oracle.md's table of what is covered, generated from this module.
+are ``loops``'; calls are inlined by the replay before any rule is consulted. The rules register into
+``table`` (``rule``); ``table.primitive_table()`` is docs/oracle.md's table of what is covered.
 """
 import math
 
@@ -18,49 +17,10 @@ import tapegrad as tg
 from tapegrad import ops as O
 from tapegrad.errors import TapeError
 
-from ._jax import align_varying, jax, jnp
-from .oracle_loops import cond_rule, linear_solve_rule, scan_rule, while_rule
-from .oracle_replay import CONTROL, NotReplayable
-
-
-class UnsupportedPrimitiveError(TapeError, NotImplementedError):
-    """The jaxpr uses primitives the tape cannot replay on differentiable values (named in the message)."""
-
-
-RULES = {}
-DOCS = {}      # primitive -> how it is replayed (the table of docs/oracle.md)
-NEEDS = {}     # primitive -> tapegrad functions the rule calls
-
-
-def rule(*names, doc, needs=()):
-    def register(fn):
-        for n in names:
-            RULES[n] = fn
-            DOCS[n] = doc
-            NEEDS[n] = tuple(needs)
-        return fn
-    return register
-
-
-def missing(name):
-    """The tapegrad functions a primitive's rule needs that this tapegrad lacks."""
-    return [n for n in NEEDS.get(name, ()) if not hasattr(tg, n)]
-
-
-# Piecewise-constant results (zero derivative almost everywhere): JAX's values, recorded as constants.
-CONSTANT = frozenset({"sign", "floor", "ceil", "round", "stop_gradient", "nextafter", "is_finite",
-                      "argmax", "argmin", "iota", "random_bits", "random_seed", "random_wrap", "random_unwrap",
-                      "random_fold_in", "random_split", "threefry2x32", "eq", "ne", "gt", "ge", "lt", "le",
-                      "and", "or", "not", "xor", "population_count", "shift_left", "shift_right_logical",
-                      "shift_right_arithmetic", "bitcast_convert_type"})
-
-
-# Rules that read JAX's values of their own operands or results (the replay keeps those for them),
-# and rules whose results follow their operands one by one (an untainted operand stays untainted).
-VALUE_RULES = frozenset({"gather", "clamp", "top_k", "sort", "lu", "custom_linear_solve", "pow", "erf_inv",
-                         "bessel_i0e", "bessel_i1e", "polygamma", "igamma", "igammac", "eigh", "qr", "svd",
-                         "cholesky"})
-PER_OPERAND = frozenset({"optimization_barrier", "sort"})
+from .._jax import align_varying, jax, jnp
+from .replay import CONTROL
+from .table import (CONSTANT, DOCS, INDEX_MAPS, NEEDS, PER_OPERAND, RULES, VALUE_RULES, NotReplayable,  # noqa: F401
+                    UnsupportedPrimitiveError, missing, rule)
 
 
 # ── helpers ──────────────────────────────────────────────────────────────────
@@ -501,9 +461,9 @@ def _scatter_map(eqn, args):
     return jax.lax.gather(iota, idx, gdn, tuple(sizes), mode=eqn.params["mode"], fill_value=0)
 
 
-INDEX_MAPS = {"gather": _gather_map, "scatter-add": _scatter_map, "scatter_add": _scatter_map,
-              "scatter": _scatter_map, "scatter-max": _scatter_map, "scatter_max": _scatter_map,
-              "scatter-min": _scatter_map, "scatter_min": _scatter_map}
+INDEX_MAPS.update({"gather": _gather_map, "scatter-add": _scatter_map, "scatter_add": _scatter_map,
+                   "scatter": _scatter_map, "scatter-max": _scatter_map, "scatter_max": _scatter_map,
+                   "scatter-min": _scatter_map, "scatter_min": _scatter_map})
 
 
 @rule("gather", doc="`tg.take` of the flat operand at indices JAX computes by gathering an iota "
@@ -953,30 +913,12 @@ def _svd(r, xs, eqn):
     return [ds, du, dvt]
 
 
-# ── control flow and solves (oracle_replay) ──────────────────────────────────
+# ── control flow and solves (loops) ────────────────────────────────────────
 
-CONTROL_RULES = {"scan": scan_rule, "while": while_rule, "cond": cond_rule, "custom_linear_solve": linear_solve_rule}
 DOCS.update({"scan": "unrolled: the body replayed once per iteration (`reverse` honoured; ys stacked)",
              "while": "unrolled with the trip count JAX's own loop takes (`fori_loop`, `while_loop`)",
              "cond": "the branch JAX takes (`cond`, `switch`)",
              "custom_linear_solve": "`x₀ + solve(b − matvec(x₀))` at JAX's solution x₀: the value is x₀ and the "
                                     "derivative A⁻¹(db − dA·x), both jaxprs replayed"})
-assert set(CONTROL) <= set(CONTROL_RULES)
 
 
-def primitive_table():
-    """docs/oracle.md's table of covered primitives (a test keeps it in sync)."""
-    rows = ["| primitive | replayed on the tape as |", "|---|---|"]
-    waiting = [n for n in sorted(DOCS) if missing(n)]
-    for name in sorted(DOCS):
-        if name not in waiting:
-            rows.append(f"| `{name}` | {DOCS[name]} |")
-    rows.append("| any call carrying a jaxpr (`jit`, `remat2`/`checkpoint`, `closed_call`, `custom_jvp_call`, "
-                "`custom_vjp_call`, …) | inlined by its primal body; a custom rule is checked against it |")
-    rows.append(f"| {', '.join(f'`{n}`' for n in sorted(CONSTANT))} | piecewise constant: JAX's value, "
-                "a constant on the tape |")
-    rows.append("| anything whose results are integers, booleans or keys | JAX's value, a constant on the tape |")
-    if waiting:
-        names = ", ".join(f"`{n}`" for n in waiting)
-        rows.append(f"| {names} | not yet: the tapegrad functions they need are missing |")
-    return "\n".join(rows)

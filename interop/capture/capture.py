@@ -28,12 +28,13 @@ import contextlib
 
 import tapegrad as tg
 
-from ._jax import jax, jnp
+from .._jax import jax, jnp
 from . import expand
 from .expand import CaptureError
-from .oracle import TracingError
-from .oracle_replay import EXPAND, Literal, Plan, Replay, is_float, is_key
-from .oracle_rules import CONTROL_RULES, RULES, UnsupportedPrimitiveError, _flat, _max, _min, _out_shape, _reshape
+from ..oracle.check import TracingError
+from ..oracle.replay import EXPAND, Literal, Plan, Replay, is_float, is_key, summary
+from ..oracle.rules import _flat, _max, _min, _out_shape, _reshape
+from ..oracle.table import CONTROL_RULES, RULES, UnsupportedPrimitiveError
 
 # rules that read JAX's values of their operands or results as numbers, so a program would keep the
 # values of the capture's example: not capturable (the oracle, which checks one point, uses them)
@@ -105,7 +106,6 @@ class _Capture(Replay):
         return self.varying if self.at_top() else self._plans[-1][1]
 
     def step_text(self):
-        from .oracle_replay import summary
         return f"equation {self.top_k} ({summary(self._st[1].eqn)})" + (f" in {self.path()}" if self.where else "")
 
     def operand(self, plan, s, var, jenv):
@@ -474,7 +474,7 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
     program computes in the parameters' dtype (float32 or float64) unless ``dtype`` says otherwise.
 
     Where ``fn`` calls a ``custom_jvp`` or ``custom_vjp`` function, the program follows its rule as
-    ``jax.grad`` does (``interop.expand``); ``check_grads``, the oracle, replays the rule's body instead.
+    ``jax.grad`` does (``interop.capture.expand``); ``check_grads``, the oracle, replays the rule's body instead.
 
     >>> import interop
     >>> import jax.numpy as jnp
@@ -655,7 +655,7 @@ def _program_dtype(who, dtype, params, computed):
 
 @contextlib.contextmanager
 def _expanding():
-    """Plans built and replayed inside record derivative rules as JAX follows them (``interop.expand``)."""
+    """Plans built and replayed inside record derivative rules as JAX follows them (``interop.capture.expand``)."""
     saved = EXPAND[0]
     EXPAND[0] = (expand.expands, expand.expansion)
     try:

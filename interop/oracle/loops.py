@@ -9,8 +9,9 @@ import numpy as np
 
 import tapegrad as tg
 
-from ._jax import jax, jnp, scan_counts
-from .oracle_replay import Plan, compiled
+from .._jax import jax, jnp, scan_counts
+from .replay import Plan, compiled
+from .table import CONTROL_RULES
 
 _LOOP_FNS = {}   # (kind, equation id, operand types) -> (equation, compiled trip counter)
 
@@ -191,3 +192,7 @@ def linear_solve_rule(r, st, xs, jenv):
     tenv = {s: v for s, v in zip(sv.in_slots, [xs[k] for k in s_ins] + resid) if v is not None}
     dx = r.run(sv, tenv, s_env)
     return [r.var(x) + d if d is not None else None for x, d in zip(x0, dx)]
+
+
+CONTROL_RULES.update({"scan": scan_rule, "while": while_rule, "cond": cond_rule,
+                      "custom_linear_solve": linear_solve_rule})

@@ -16,10 +16,10 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ._jax import jax, varying, x64_enabled
+from .._jax import jax, varying, x64_enabled
 from . import expand
-from .capture_jax import CaptureError, TracingError, _argnums, _flatten_args, _capture
-from .oracle_replay import CUSTOM_CALLS, Literal, call_body, is_float
+from .capture import CaptureError, TracingError, _argnums, _flatten_args, _capture
+from ..oracle.replay import CUSTOM_CALLS, Literal, call_body, is_float
 
 from jax.extend.core import ClosedJaxpr  # noqa: E402
 

@@ -6,7 +6,7 @@
  * ABI, so the versioned symbols (cuMemcpyHtoDAsync_v2, ...) are the ones cuda.h would have picked.
  *
  * Operands (params..., opt_state..., count, inputs...) -> results (loss, params..., opt_state..., count);
- * the params, state and count results alias their operands. Attributes (interop/gpu_call.py):
+ * the params, state and count results alias their operands. Attributes (interop/xla/gpu_call.py):
  *   graph      the episode's cudaGraphExec_t (forward + backward + optimizer, captured by CuPy)
  *   settab     the CUfunction of the program's settab kernel; table: its pointer table's device address;
  *              table_len: the table's entries

@@ -23,7 +23,7 @@ from numpy.typing import ArrayLike
 
 import tapegrad as tg
 
-from ._jax import jax
+from .._jax import jax
 
 
 def optax_chain(opt: tg.optim.Optimizer) -> Any:

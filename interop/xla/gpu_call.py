@@ -30,7 +30,7 @@ JAX preallocates 75% of GPU memory, which starves CuPy's pool: run with
 """
 import numpy as np
 
-from ._jax import jax, jnp
+from .._jax import jax, jnp
 from .program import (ProgramError, _LIB, _named, _positional, _Sig, count_operand, count_result, native_library,
                       program_episode)
 

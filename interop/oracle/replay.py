@@ -9,7 +9,7 @@ every slot when a divergence must be located). ``Replay`` then walks the steps:
 a step none of whose operands depends on the differentiated arguments is not replayed — its result
 is JAX's value, entering the tape as a constant when a later step needs it (random keys, integer
 arithmetic and masks never go through NumPy or the tape) — and every other step is recorded by its
-rule (``oracle_rules``). ``scan``/``while`` are unrolled with their concrete trip counts and ``cond``
+rule (``rules``). ``scan``/``while`` are unrolled with their concrete trip counts and ``cond``
 replays the branch JAX took; their bodies' values come from one compiled call per loop.
 """
 import re
@@ -19,7 +19,8 @@ import numpy as np
 
 import tapegrad as tg
 
-from ._jax import CPU_FUSION_EMITTERS_SWITCH, align_varying, jax, jnp
+from .._jax import CPU_FUSION_EMITTERS_SWITCH, align_varying, jax, jnp
+from .table import CONSTANT, CONTROL_RULES, CUSTOM, INDEX_MAPS, PER_OPERAND, RULES, VALUE_RULES, NotReplayable, missing
 import jax.extend.core as _core  # noqa: E402
 
 CONTROL = ("scan", "while", "cond")
@@ -31,10 +32,6 @@ NOT_CALLS = frozenset({"scatter", "scatter-add", "scatter_add", "scatter-mul", "
                        "scatter-max", "scatter_min", "scatter_max", "reduce", "reduce_window", "sort",
                        "custom_linear_solve", "select_and_scatter", "select_and_gather_add", "argsort"})
 Literal = _core.Literal
-
-
-class NotReplayable(Exception):
-    """Raised by a rule for a form of its primitive the tape cannot replay (the message says which)."""
 
 
 _KIND = {}   # dtype -> "key", or NumPy's kind letter (asking JAX about a dtype costs ~50 µs)
@@ -139,7 +136,7 @@ def hi_body(prim):
 
 CUSTOM_CALLS = ("custom_vjp_call", "custom_jvp_call")
 TRUST = [frozenset()]   # the custom rules check_grads was asked to trust (set for the length of one check)
-# A capture's (interop.expand): (expands(eqn) -> bool, expansion(eqn) -> ClosedJaxpr), set for the length of
+# A capture's (interop.capture.expand): (expands(eqn) -> bool, expansion(eqn) -> ClosedJaxpr), set for the length of
 # one capture, so its plans (loop bodies included) record derivative rules as JAX follows them
 EXPAND = [None]
 
@@ -275,7 +272,6 @@ class Plan:
 
         ``keep``: (slots, steps) to return the values and index maps of (None: all of them, as a list).
         """
-        from .oracle_rules import INDEX_MAPS
         vals = [None] * self.n
         for s, c in zip(self.const_slots, consts):
             vals[s] = c
@@ -331,7 +327,6 @@ class Plan:
         rules that read results (``VALUE_RULES``), and the index maps of tainted gathers/scatters.
         Returns ``(slots, steps)`` for ``evaluate(keep=…)``.
         """
-        from .oracle_rules import CONSTANT, PER_OPERAND, VALUE_RULES
         tainted = set(tainted_ins)
         slots, steps = {s for s in self.out_slots if not isinstance(s, Literal)}, set()   # Literals are unhashable
         for k, st in enumerate(self.steps):
@@ -555,11 +550,10 @@ class Replay:
     def path(self):
         return " › ".join(self.where)
 
-    # ── what a capture (interop.capture_jax) overrides ───────────────────────
+    # ── what a capture (interop.capture) overrides ───────────────────────
 
     def rules(self):
         """(rules, control rules) this replay records steps with."""
-        from .oracle_rules import CONTROL_RULES, RULES
         return RULES, CONTROL_RULES
 
     def entered(self, plan, tenv):
@@ -588,7 +582,6 @@ class Replay:
         prec = {} if prec is None else prec
         steps = plan.steps
         hi = len(steps) if hi is None else hi
-        from .oracle_rules import CONSTANT, missing
         RULES, CONTROL_RULES = self.rules()
         self.entered(plan, tenv)
         for k in range(lo, hi):
@@ -615,8 +608,7 @@ class Replay:
                 outs = CONTROL_RULES[name](self, st, xs, jenv)
                 self.where.pop()
             elif name in CUSTOM_CALLS:    # not inlined: a trusted rule
-                from .oracle_trust import trusted_rule
-                outs = trusted_rule(self, st, xs, jenv)
+                outs = CUSTOM["trusted"](self, st, xs, jenv)
             elif all(is_data(v.aval) or not np.prod(v.aval.shape) for v in eqn.outvars):
                 outs = [None] * len(eqn.outvars)    # empty results carry no gradient: JAX's (empty) values
             elif name not in RULES or missing(name):

@@ -18,8 +18,8 @@ import numpy as np
 
 from tapegrad.errors import TapeError
 
-from ._jax import jax
-from .oracle_replay import CUSTOM_CALLS, Literal, bind, custom_name, is_float, summary
+from .._jax import jax
+from ..oracle.replay import CUSTOM_CALLS, Literal, bind, custom_name, is_float, summary
 
 from jax.extend.core import Primitive  # noqa: E402
 from jax.interpreters import ad, batching, mlir  # noqa: E402

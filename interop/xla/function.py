@@ -6,7 +6,7 @@ import numpy as np
 
 import tapegrad as tg
 
-from ._jax import jax
+from .._jax import jax
 from .callback import host_call
 
 
@@ -25,7 +25,7 @@ def jax_function(build: Callable[..., tg.Var], *,
     value of the Var it returns. Under ``jax.grad``/``jax.vjp`` the backward rule re-records the tape
     from the saved inputs and runs ``tape.backward`` with the incoming cotangent as seed (the
     residuals are the inputs, so forward and backward calls never share mutable state). The host
-    code runs through ``interop.callback`` (zero-copy). It composes with ``jit``, ``grad``, ``vmap``
+    code runs through ``interop.xla.callback`` (zero-copy). It composes with ``jit``, ``grad``, ``vmap``
     (``vmap_method``: "sequential" runs ``build`` per batch element; "broadcast_all" passes the batch
     axis to ``build``, for functions that are row-wise), ``vmap(grad)``, ``grad(vmap)`` and
     ``jacrev``. Forward mode (``jvp``, ``jacfwd``) and second derivatives raise ``TransformError``:

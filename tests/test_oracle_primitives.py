@@ -56,3 +56,14 @@ def test_a_qr_derivative_one_percent_off_is_caught_and_located_at_qr(monkeypatch
     assert r.error == pytest.approx(0.01, rel=0.05), str(r)   # the 1% put in, not noise
     d = r.first_divergence
     assert d is not None and d.kind == "vjp" and d.index == 0 and "qr" in d.eqn, str(r)
+
+
+@pytest.mark.skipif(not hasattr(jax.lax, "polynomial"), reason="lax.polynomial, sinpi and asinpi are jax >= 0.12.1's")
+@pytest.mark.parametrize("name", ["polynomial", "sinpi", "asinpi"])
+def test_jax_0_12_1_primitives_replay(name):
+    fns = {"polynomial": lambda x, c: jnp.sum(jax.lax.polynomial(x, [c[0], c[1], 0.5, c[2]])),
+           "sinpi": lambda x, c: jnp.sum(jax.lax.sinpi(x * c[0])),
+           "asinpi": lambda x, c: jnp.sum(jax.lax.asinpi(jnp.tanh(x) * c[1] * 0.5))}
+    x, c = jnp.array([0.3, -1.2, 2.5, 0.0]), jnp.array([0.7, 1.1, -0.4])
+    report = interop.check_grads(fns[name], x, c)
+    assert report.ok, str(report)

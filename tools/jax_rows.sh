@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 ROWS=(${JAX_ROWS:-3.12:0.12 3.13:0.12})
 DIR=${JAX_ROWS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tapegrad-rows}
 # Every test that imports jax, and interop's doctests.
-TESTS=(tests/test_interop*.py tests/test_oracle*.py tests/test_capture_jax.py tests/test_gpu_jax.py
+TESTS=(tests/test_interop*.py tests/test_oracle*.py tests/test_capture_jax.py tests/test_capture_rules.py tests/test_dropin.py
+       tests/test_reliability_jax.py tests/test_reliability_oracle.py tests/test_data_parallel.py tests/test_gpu_jax.py
        tests/test_gpu_handler.py tests/test_bad_input_interop.py interop)
 failed=0
 rows=()

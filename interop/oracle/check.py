@@ -593,8 +593,10 @@ def _refuse_complex(p):
     naming the argument when one is complex, else the first equation that computes in complex. Left to
     the unsupported-primitive error when a step has no rule (it names them all, after the replay)."""
     steps = list(_replayed(p.plan, [p.plan.in_slots[i] for i in p.diff]))
+    # a step making complex values (jax >= 0.12.1's `complex` promoting a real operand) is itself the refusal
     if any(st.eqn.primitive.name not in CONTROL_RULES and (st.eqn.primitive.name not in RULES
-                                                          or missing(st.eqn.primitive.name)) for _, st, _ in steps):
+                                                          or missing(st.eqn.primitive.name))
+           and not any(_is_complex(v.aval) for v in st.eqn.outvars) for _, st, _ in steps):
         return
     found = [(k, st, v, s if top and isinstance(s, int) else None) for k, st, top in steps
              for v, s in list(zip(st.eqn.invars, st.ins)) + [(v, None) for v in st.eqn.outvars] if _is_complex(v.aval)]

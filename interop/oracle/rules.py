@@ -188,6 +188,27 @@ def _asin(r, xs, eqn):
     return tg.atan2(x, _sqrt_one_minus_square(r, x))
 
 
+@rule("asinpi", doc="`asin(a) / π` (jax >= 0.12.1's primitive)", needs=("atan2",))
+def _asinpi(r, xs, eqn):
+    return _asin(r, xs, eqn) / np.pi
+
+
+@rule("sinpi", doc="`sin(π·a)` (jax >= 0.12.1's primitive)", needs=("sin",))
+def _sinpi(r, xs, eqn):
+    return tg.sin(r.var(xs[0]) * np.pi)
+
+
+@rule("polynomial", doc="Horner's rule `a₀ + x·(a₁ + x·(… + x·a_N))` (jax >= 0.12.1's primitive; XLA rounds "
+      "each step once, with fmuladd)")
+def _polynomial(r, xs, eqn):
+    x, *coeffs = xs
+    x = r.var(x)
+    acc = r.var(coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        acc = r.var(c) + x * acc
+    return _bcast(r, acc, _out_shape(eqn))
+
+
 @rule("acos", doc="`atan2(√(1 − a²), a)`", needs=("atan2",))
 def _acos(r, xs, eqn):
     x = r.var(xs[0])

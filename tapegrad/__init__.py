@@ -11,7 +11,7 @@ Examples:
     True
     array([6.])
 """
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 from . import emit, ops
 from .capture import Program, capture
@@ -22,6 +22,7 @@ from .functional import (add, bmm, broadcast_to, concat, div, exp, log, log_soft
                          mul, neg, power, relu, reshape, sigmoid, softmax, softmax_cross_entropy, sqrt, square,
                          stop_gradient, sub, tanh, transpose)
 from .functional import finite_or_zero
+from . import numpy_dispatch  # noqa: F401,E402  (NumPy's functions on Vars: it fills tape.NUMPY)
 # special functions
 from .functional import (asinh, atan2, cos, digamma, erf, erfc, expm1, lgamma, log1p, log_sigmoid, sin, softplus,
                          tan)

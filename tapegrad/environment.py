@@ -243,7 +243,7 @@ def report() -> str:
     >>> text.splitlines()[0].startswith("tapegrad ")
     True
     """
-    from . import __version__
+    from ._version import __version__
     import numpy
     env = sorted(f"{k}={v}" for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) or k in _ENV_NAMES)
     rows = [f"tapegrad  {__version__} ({os.path.dirname(os.path.abspath(__file__))})",

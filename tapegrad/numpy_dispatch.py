@@ -25,7 +25,7 @@ import numpy as np
 
 from . import functional as F
 from .errors import ArgumentError, at
-from .tape import Var
+from .tape import NUMPY, Var
 
 # Arguments NumPy passes that change nothing for a float Var: accepted with these values only
 # (``kind``, ``stable``, ``copy``, ``subok``: any value).
@@ -150,10 +150,9 @@ def _refuse(func, args, why, hint):
 
 
 def _hint(func):
-    import tapegrad
     name = func.__name__
     ours = _RENAMED.get(name, name)
-    if ours in tapegrad.__dict__ and ours not in ("Tape", "Var"):
+    if callable(getattr(F, ours, None)) and not ours.startswith("_") and ours not in ("Tape", "Var"):
         return f"use tapegrad.{ours} (the op, with its own arguments)"
     return (f"compute it on the value, {_name(func)}(tape.value(v)) (no gradient flows through it), or build it "
             f"from tapegrad's ops")
@@ -207,3 +206,6 @@ def ufunc(uf, method, inputs, kwargs):
     if kwargs:
         _refuse(uf, inputs, f"arguments {sorted(kwargs)} are not supported on Vars", _hint(uf))
     return impl(*inputs)
+
+
+NUMPY.update(function=function, ufunc=ufunc)

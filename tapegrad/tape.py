@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 import operator
 import os
@@ -88,6 +89,12 @@ class NonFinite(NamedTuple):
         who = self.op if self.name is None else f"{self.op} {self.name!r}"
         return (f"{who} (node {self.node}): first non-finite {self.kind}, inputs {self.input_shapes}, "
                 f"created at {self.where}")
+
+
+# How NumPy's functions and ufuncs apply to a Var ("function", "ufunc"): registered from above by
+# tapegrad/numpy_dispatch.py, as op families register into the op registry, so the tape imports no module
+# that imports it.
+NUMPY: dict = {}
 
 
 class Var:
@@ -218,14 +225,13 @@ class Var:
     def __bool__(self):
         raise TypeError("a Var has no truth value; compare values with tape.value(v)")
 
-    # NumPy's functions and ufuncs on a Var: tapegrad's op, or an error naming them (tapegrad/numpy_dispatch.py)
+    # NumPy's functions and ufuncs on a Var: tapegrad's op, or an error naming them (NUMPY, which
+    # tapegrad/numpy_dispatch.py fills when the package loads)
     def __array_function__(self, func, types, args, kwargs):
-        from .numpy_dispatch import function
-        return function(func, types, args, kwargs)
+        return NUMPY["function"](func, types, args, kwargs)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
-        from .numpy_dispatch import ufunc as call
-        return call(ufunc, method, inputs, kwargs)
+        return NUMPY["ufunc"](ufunc, method, inputs, kwargs)
 
     __hash__ = object.__hash__
 
@@ -1133,7 +1139,7 @@ def _install_c_core():
     if os.environ.get("TAPEGRAD_PURE"):  # pragma: no mutate
         return
     try:
-        from . import _ctape
+        _ctape = importlib.import_module(f"{__package__}._ctape")   # the C extension (no module of the graph)
     except ImportError:   # built without a C compiler or Python's headers: the Python paths serve
         return
     Tape.apply = _ctape.install(Tape, Var, Node, _DATA, _SHAPES, _PKG, O.Bad)  # pragma: no mutate

@@ -12,9 +12,13 @@ decided here, from the installed jaxlib's version.
 """
 import re
 
-import jax
-import jax.numpy as jnp
-import jaxlib
+try:
+    import jax
+    import jax.numpy as jnp
+    import jaxlib
+except ModuleNotFoundError as e:   # interop is tapegrad's JAX extension: say how to install it
+    raise ImportError(f"interop needs JAX, which is not installed ({e}): pip install \"tapegrad[jax]\" (jax, jaxlib, "
+                      f"optax and chex at the versions interop is tested with); tapegrad itself works without it") from e
 
 __all__ = ["jax", "jnp", "JAXLIB", "CPU_FUSION_EMITTERS_SWITCH", "scan_counts", "x64_enabled", "varying",
            "align_varying"]

@@ -226,9 +226,12 @@ def _interop_line() -> str:
     clash = "" if other is None else (f"; and {_OTHER} {other} is installed here too: the two share the folder, "
                                       f"and uninstalling either deletes the interop/__init__.py both rely on")
     try:
-        return f"ok ({interop_check()}){clash}"
+        found = interop_check()
     except ImportError as e:
         return f"PROBLEM: {e}"
+    if _version("jax") is None:
+        return f"unavailable: JAX is not installed (pip install \"tapegrad[jax]\"); the package is at {found}{clash}"
+    return f"ok ({found}){clash}"
 
 
 # the variables that change what tapegrad builds or runs

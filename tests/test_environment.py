@@ -269,3 +269,19 @@ def test_no_interop_at_all(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == ("tapegrad: no package `interop` can be imported, though tapegrad installs it beside "
                                 "itself; reinstall tapegrad: pip install --force-reinstall --no-deps tapegrad")
+
+
+def test_import_interop_without_jax_names_the_install_command():
+    code = ("import sys\nsys.modules['jax'] = None   # as where JAX is not installed\ntry:\n    import interop\n"
+            "except ImportError as e:\n    print(type(e).__name__, e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("ImportError interop needs JAX, which is not installed")
+    assert 'pip install "tapegrad[jax]"' in r.stdout
+
+
+def test_info_reports_interop_unavailable_without_jax(monkeypatch):
+    real = tg.environment._version
+    monkeypatch.setattr(tg.environment, "_version", lambda dist: None if dist == "jax" else real(dist))
+    line = tg.environment._interop_line()
+    assert line.startswith('unavailable: JAX is not installed (pip install "tapegrad[jax]")'), line

@@ -1,30 +1,31 @@
-"""A JAX function as a tapegrad program (``capture_jax``) and its faces inside ``jax.jit``
-(``value_and_grad``, ``train_step``).
+"""A JAX function as a tapegrad program: ``capture_jax`` and the replay that records it (``_Capture``).
 
-``fn``'s jaxpr is flattened into the oracle's ``Plan`` and its differentiable steps — those that depend
-on the float leaves of ``argnums`` (the parameters) — are recorded on a tape by the oracle's rules,
-then captured. Every other value a recorded step reads is one of two things:
+``fn``'s jaxpr is flattened into the oracle's ``Plan`` — each custom derivative rule replaced by its
+expansion (``expand``), so the program differentiates as ``jax.grad`` does — and its differentiable steps,
+those that depend on the float leaves of ``argnums`` (the parameters), are recorded on a tape by the
+oracle's rules, then captured. Every other value a recorded step reads is one of three things:
 
 - a **constant of the function** (it depends on no argument: a literal, an iota, a closed-over
   array): baked into the program;
-- **fed**: JAX computes it on every call and passes it as an operand of the custom call. These are
-  the values that depend on the data arguments only (a mask from lengths, the index map of a gather
-  from integer labels, random bits from a key), and the values that depend on the parameters but
-  carry no gradient (``stop_gradient`` of a max in ``softmax``, ``is_finite`` masks, comparisons):
-  JAX evaluates those forward itself. Float values become the program's constants (inputs), integer
-  and boolean ones its data slots (``program_call(..., data=True)``).
+- **computed by the program**: ``stop_gradient`` of a value on the tape, and comparisons and logical ops
+  of such values, recorded as float masks (``tg.greater``…, ``tg.where`` by a float mask);
+- **fed**: JAX computes it on every call and passes it as an operand of the custom call: the values that
+  depend on the data arguments only (a mask from lengths, the index map of a gather from integer
+  labels, random bits from a key), and any other value of the parameters without a gradient. Float
+  values become the program's constants (inputs), integer and boolean ones its data slots
+  (``program_call(..., data=True)``).
 
 So nothing that changes between calls is frozen into the program. What cannot be captured raises
-``CaptureError`` naming the equation: a rule that would freeze a value (``pow`` with a traced
-exponent, ``sort``, ``clamp``…), integer data read inside a loop body, a ``while_loop`` whose trip count
-depends on the arguments. ``cond``/``switch`` on an index that changes between calls records every
-branch and selects with ``tg.where``.
+``CaptureError`` or ``UnsupportedPrimitiveError`` naming the equation: a rule that would keep a value of
+the example (``pow`` with a traced exponent, ``sort``, ``eigh``…), integer data read inside a loop body,
+a ``while_loop`` whose trip count depends on the arguments, a step below the program's precision.
+``cond``/``switch`` on an index that changes between calls records every branch and selects with
+``tg.where``. The faces inside ``jax.jit`` (``value_and_grad``, ``train_step``) are ``train``'s.
 """
+import contextlib
 from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
-
-import contextlib
 
 import tapegrad as tg
 
@@ -163,10 +164,6 @@ class _Capture(Replay):
                                f"values without a gradient; loop bodies may only compute such values from constants")
         self.keep_slots.add(s)
         return self.derive(lambda vals, aux: jnp.asarray(vals[s], self.tape.dtype), np.asarray(jenv.np(s), float))
-
-    def mask(self, s):
-        """The float mask on the tape for bool slot ``s`` of the step being replayed, or None."""
-        return None if isinstance(s, Literal) else self._tenv.get(("m", s))
 
     def feed(self, s, jenv):
         v = self.feeds.get(s)
@@ -412,8 +409,37 @@ _RULES = ({**{n: f for n, f in RULES.items() if n not in _FREEZING}, **_CAPTURE_
 
 
 class Captured:
-    """A captured JAX function: ``program`` (a tapegrad Program) and ``operands(*args)``, the JAX-side
-    values of its operands for arguments ``args``: ``(params, inputs, data)``, each a list."""
+    """A captured JAX function: its tapegrad program and the JAX-side values of the program's operands.
+
+    Made by ``capture_jax`` (and by ``value_and_grad`` and ``train_step``, once per input signature).
+    Inside ``jax.jit`` the program runs as ``interop.program_call(cap.program, data=True)``, called
+    with the parameters, inputs and data that ``operands(*args)`` computes from new arguments.
+
+    Attributes:
+        program: The tapegrad ``Program`` of ``fn``'s differentiable part.
+        fn: The captured function.
+        tree: The pytree structure of the arguments it was captured at.
+        plan: The oracle's flattened jaxpr of ``fn``, which ``operands`` evaluates.
+        diff: The positions, among the arguments' leaves, of the program's parameters (the non-empty
+            float leaves of ``argnums``).
+        has_aux: Whether ``fn`` returns ``(value, aux)``.
+        aux_tree: The pytree structure of ``aux`` (None without ``has_aux``).
+        argnums: The differentiated positional arguments, as non-negative positions.
+        nargs: The number of positional arguments.
+        tape: The tape the program was captured from.
+        param_vars: The parameters' Vars on ``tape``, in the program's order (what a native
+            optimizer registers).
+
+    Examples:
+        >>> import jax.numpy as jnp, interop
+        >>> loss = lambda w, x, y: jnp.mean((x @ w - y) ** 2)
+        >>> w, x, y = jnp.zeros(3), jnp.eye(3), jnp.ones(3)
+        >>> cap = interop.capture_jax(loss, w, x, y, backend="numpy")
+        >>> call = interop.program_call(cap.program, data=True)
+        >>> params, inputs, data, aux = cap.operands(w, 2 * x, y)
+        >>> float(call(*params, *inputs, *data))
+        1.0
+    """
 
     def __init__(self, fn, tree, leaves, plan, diff, program, feeds, has_aux, aux_tree, aux_slots,
                  argnums, nargs):
@@ -424,8 +450,11 @@ class Captured:
 
     @property
     def fed(self) -> list[tuple[int, ...]]:
-        """Shapes of the float inputs JAX computes on every call (data batches, values without gradient it
-        cannot leave to the program), in the program's input order; constants of ``fn`` are not fed."""
+        """Shapes of the float inputs JAX computes on every call, in the program's input order.
+
+        They are data batches and values without gradient that JAX cannot leave to the program;
+        constants of ``fn`` are not fed.
+        """
         consts = self.program.consts
         return [tuple(self.program.shapes[k]) for k, (kind, _) in zip(consts, self._feeds[2]) if kind != "const"]
 
@@ -443,13 +472,39 @@ class Captured:
             out.append(x)
         return out
 
-    def params(self, *args):
-        """The differentiated leaves of ``args`` (checked against the capture), in the program's order."""
+    def params(self, *args: Any) -> list[Any]:
+        """The differentiated leaves of ``args``, in the program's order.
+
+        Args:
+            *args: Arguments of ``fn``, of the structure, shapes and dtypes captured.
+
+        Returns:
+            The arrays that are the program's parameters, a list.
+
+        Raises:
+            CaptureError: If the arguments' structure, or a leaf's shape or dtype, is not the captured
+                one.
+        """
         leaves = self._leaves("capture_jax", args)
         return [leaves[i] for i in self.diff]
 
-    def operands(self, *args):
-        """``(params, inputs, data, aux)`` for a call at ``args`` (traceable: runs inside ``jax.jit``)."""
+    def operands(self, *args: Any) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+        """The operands of a call of the program at ``args``, with ``fn``'s ``aux``.
+
+        Traceable: it runs inside ``jax.jit``, JAX computing there the values the program is fed.
+
+        Args:
+            *args: Arguments of ``fn``, of the structure, shapes and dtypes captured.
+
+        Returns:
+            ``(params, inputs, data, aux)``, each a list: the program's parameters, its float inputs
+            (in the program's dtype), its integer and boolean data, and the leaves of ``fn``'s
+            ``aux`` (empty without ``has_aux``).
+
+        Raises:
+            CaptureError: If the arguments' structure, or a leaf's shape or dtype, is not the captured
+                one.
+        """
         leaves = self._leaves("capture_jax", args)
         slots, steps, feed_slot, derived = self._feeds
         vals, aux = self.plan.evaluate(self.plan.const_vals, leaves, (sorted(slots), steps))
@@ -468,20 +523,56 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
                 has_aux: bool = False, backend: str = "native", dtype: Optional[Any] = None) -> Captured:
     """Record ``fn``'s differentiable part on a tape and capture it as a tapegrad program.
 
-    ``fn`` returns a float scalar (with ``has_aux``: ``(scalar, aux)``), as for ``jax.value_and_grad``;
-    the float leaves of the arguments ``argnums`` are the program's parameters, every other leaf is
-    data for it (integer labels, token ids, masks, keys, float batches), taken on every call. The
-    program computes in the parameters' dtype (float32 or float64) unless ``dtype`` says otherwise.
+    The float leaves of the arguments ``argnums`` are the program's parameters; every other leaf is
+    data for it (integer labels, token ids, masks, keys, float batches), taken on every call. Values
+    that depend on the data only, or carry no gradient, are computed by JAX on every call and fed to
+    the program; nothing that changes between calls is frozen into it.
 
     Where ``fn`` calls a ``custom_jvp`` or ``custom_vjp`` function, the program follows its rule as
-    ``jax.grad`` does (``interop.capture.expand``); ``check_grads``, the oracle, replays the rule's body instead.
+    ``jax.grad`` does (``interop.capture.expand``); ``check_grads``, the oracle, replays the rule's
+    body instead.
 
-    >>> import interop
-    >>> import jax.numpy as jnp
-    >>> cap = interop.capture_jax(lambda w, x, y: jnp.mean((x @ w - y) ** 2),
-    ...                           jnp.ones(3), jnp.eye(3), jnp.arange(3.0), backend="numpy")
-    >>> len(cap.program.params), len(cap.program.consts)   # x, y (fed each call) and the mean's 1/n
-    (1, 3)
+    Args:
+        fn: The function, as for ``jax.value_and_grad``: it returns a float scalar (with
+            ``has_aux``: ``(scalar, aux)``).
+        *example_args: Arguments to trace ``fn`` at, as ``jax.jit`` traces it: arrays or pytrees
+            of arrays.
+        argnums: The differentiated positional arguments (their float leaves), as in ``jax.grad``.
+        has_aux: ``fn`` returns ``(value, aux)``.
+        backend: The program's backend: "native" (generated C, the default), "numpy" or "cupy".
+        dtype: The program's dtype, float32 or float64. None (the default): float64 where the
+            parameters or what is computed from them are float64 (float32 parameters are then cast
+            up on the way in and their gradients down, as JAX's ``convert_element_type`` and its
+            transpose do), else float32.
+
+    Returns:
+        A ``Captured``: the ``program``, and ``operands(*args)`` for calls at other arguments.
+
+    Raises:
+        CaptureError: If ``argnums`` is out of range, an argument leaf is not an array, no float
+            leaf is differentiated (or a differentiated argument holds a non-float leaf), ``fn``
+            does not return one float scalar (with ``has_aux``: a pair), its value does not depend
+            on the parameters, ``dtype`` is not float32 or float64, the parameters are of another
+            float dtype, a step computes in a lower precision than the program's, a custom rule
+            cannot be followed, or a step cannot take what changes between calls as an operand
+            (named by its equation: integer data or a mask computed inside a loop body, a
+            ``while_loop`` whose trip count depends on the arguments, a scatter at changing indices
+            that does not add).
+        UnsupportedPrimitiveError: If ``fn`` uses primitives the capture has no rule for, those
+            whose rule would freeze the example's values included (``sort``, ``pow`` with a traced
+            exponent): each is named by its first equation, with what to write instead.
+        TracingError: If ``fn`` branches in Python on a traced value.
+
+    Examples:
+        The program's parameter is ``w``; its constants are ``x`` and ``y`` (fed on every call)
+        and the mean's 1/n:
+
+        >>> import jax.numpy as jnp, interop
+        >>> loss = lambda w, x, y: jnp.mean((x @ w - y) ** 2)
+        >>> cap = interop.capture_jax(loss, jnp.ones(3), jnp.eye(3),
+        ...                           jnp.arange(3.0), backend="numpy")
+        >>> len(cap.program.params), len(cap.program.consts)
+        (1, 3)
     """
     which = _argnums(argnums, len(example_args), "capture_jax")
     leaves_p, tree = _flatten_args("capture_jax", example_args)

@@ -42,10 +42,10 @@ def ffi_header(include=None):
 def build_libraries(work, header):
     """handler.so (c_api.h + ffi_compat.h + step_scalars.c + tg_xla.c + tg_gpu.c, the native build's flags, -Werror) and
     frame.so (the XLA-shaped call frame); returns their paths."""
-    parts = [header, ROOT / "interop" / "ffi_compat.h", ROOT / "tapegrad" / "native" / "step_scalars.c",
-             ROOT / "interop" / "tg_xla.c", ROOT / "interop" / "tg_gpu.c"]
+    parts = [header, ROOT / "interop" / "xla" / "ffi_compat.h", ROOT / "tapegrad" / "native" / "step_scalars.c",
+             ROOT / "interop" / "xla" / "tg_xla.c", ROOT / "interop" / "xla" / "tg_gpu.c"]
     (work / "handler.c").write_text("\n".join(p.read_text() for p in parts))
-    frame = [header, ROOT / "interop" / "ffi_compat.h", ROOT / "tests" / "gpu_fake" / "fake_frame.c"]
+    frame = [header, ROOT / "interop" / "xla" / "ffi_compat.h", ROOT / "tests" / "gpu_fake" / "fake_frame.c"]
     (work / "frame.c").write_text("\n".join(p.read_text() for p in frame))
     cc = native_build.find_compiler()
     jobs = [[cc, *native_build.FLAGS, "-Werror", str(work / "handler.c"), "-o", str(work / "handler.so"), "-lm",

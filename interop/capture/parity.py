@@ -29,8 +29,29 @@ from .._jax import jax
 def optax_chain(opt: tg.optim.Optimizer) -> Any:
     """The optax ``GradientTransformation`` matching a tapegrad optimizer's configuration.
 
+    The chain is ``add_decayed_weights`` (L2) → ``clip_by_global_norm`` → ``scale_by_adam`` (Adam
+    only) → ``scale(-lr)``, over a list of parameters in the optimizer's registration order.
     Per-parameter L2 must take at most one nonzero value (optax's ``add_decayed_weights`` has one
-    coefficient); parameters with ``l2 == 0`` are masked out.
+    coefficient); parameters with ``l2 == 0`` are masked out. SGD's ``momentum`` and Adam's
+    ``weight_decay`` are not read: the chain of an optimizer using them is not its twin.
+
+    Args:
+        opt: A tapegrad ``Adam(eps_mode="optax")`` or ``SGD``; the L2 coefficients of the
+            parameters registered with it are read.
+
+    Returns:
+        An ``optax.GradientTransformation`` (an ``optax.chain``).
+
+    Raises:
+        ValueError: If ``opt`` is an Adam whose ``eps_mode`` is not "optax", clips with a
+            ``clip_mode`` other than "optax", or has more than one nonzero L2 coefficient.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg, interop
+        >>> chain = interop.optax_chain(tg.SGD(0.5))
+        >>> updates, _ = chain.update([np.ones(2)], chain.init([np.zeros(2)]))
+        >>> updates[0].tolist()
+        [-0.5, -0.5]
     """
     import optax
     if isinstance(opt, tg.Adam) and opt.eps_mode != "optax":
@@ -54,7 +75,15 @@ def optax_chain(opt: tg.optim.Optimizer) -> Any:
 
 @dataclass
 class ParityReport:
-    """``first_diff``: the 1-based step after which parameters first differ (None: identical throughout)."""
+    """What ``compare_with_optax`` found: the first step where the parameters differ, and by how much.
+
+    Attributes:
+        steps: How many steps both sides ran.
+        first_diff: The 1-based step after which the parameters first differ (None: identical
+            throughout).
+        max_abs: The largest ``|tapegrad − optax|`` over the parameters after the last step.
+        max_rel: ``max_abs`` over the largest ``|optax|`` parameter entry.
+    """
     steps: int
     first_diff: Optional[int]
     max_abs: float            # max |tapegrad − optax| over parameters after the last step
@@ -62,18 +91,45 @@ class ParityReport:
 
     @property
     def identical(self) -> bool:
+        """Whether the parameters were bit-identical after every step."""
         return self.first_diff is None
 
 
 def compare_with_optax(opt: tg.optim.Optimizer, init: Sequence[ArrayLike],
                        grad_fn: Callable[[int, list[np.ndarray]], Sequence[ArrayLike]], steps: int = 100,
                        jit: bool = True) -> ParityReport:
-    """Run ``opt`` (fresh, unregistered) on a tape and its ``optax_chain`` side by side for ``steps`` steps.
+    """Run ``opt`` on a tape and its ``optax_chain`` side by side, and compare their parameters.
 
-    ``init``: list of initial parameter arrays; ``grad_fn(step, params) -> list of gradients``
-    (NumPy, evaluated on each side's own current parameters). On the tape, a gradient ``G`` is
-    injected exactly through the loss ``Σ w·G`` (d/dw = G bit for bit). ``jit=False`` runs optax
-    op by op (no XLA fusion, hence no FMA contraction).
+    Both sides take the same gradient sequence: ``grad_fn`` evaluated by NumPy on each side's own
+    current parameters. On the tape, a gradient ``G`` is injected exactly through the loss ``Σ w·G``
+    (d/dw = G bit for bit). Run it with JAX's 64-bit mode on (``jax.enable_x64(True)``): with it off,
+    optax's side computes in float32.
+
+    Args:
+        opt: A fresh tapegrad optimizer (no parameters registered), as ``optax_chain`` takes it; a
+            list ``opt.l2`` set beforehand gives each parameter's L2 coefficient (the parameters are
+            registered here).
+        init: The initial parameter arrays.
+        grad_fn: ``grad_fn(step, params)`` returns the gradients (NumPy arrays, one per parameter)
+            at ``params``, each side's own current parameters; ``step`` counts from 0.
+        steps: How many steps to run.
+        jit: Whether optax's step runs inside ``jax.jit``; False runs it op by op (no XLA fusion,
+            hence no FMA contraction).
+
+    Returns:
+        A ``ParityReport``.
+
+    Raises:
+        ValueError: If ``opt`` has no optax twin (see ``optax_chain``).
+
+    Examples:
+        >>> import numpy as np, jax, tapegrad as tg, interop
+        >>> grad_fn = lambda step, params: [np.tanh(params[0])]
+        >>> with jax.enable_x64(True):
+        ...     r = interop.compare_with_optax(tg.Adam(0.01), [np.ones(3)], grad_fn,
+        ...                                    steps=20, jit=False)
+        >>> r.identical, r.max_abs
+        (True, 0.0)
     """
     import optax
     chain = optax_chain(opt)

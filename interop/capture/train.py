@@ -66,13 +66,29 @@ class ValueAndGrad:
 
     @property
     def captured(self) -> Optional[Captured]:
+        """The ``Captured`` of the latest signature traced (None before the first)."""
         return self._sigs.last
 
     @property
     def captures(self) -> int:
+        """How many signatures were captured so far (one per new shape, dtype or setting)."""
         return self._sigs.captures
 
     def __call__(self, *args: Any) -> Any:
+        """The value and gradients of ``fn(*args)``, as ``jax.value_and_grad`` returns them.
+
+        Args:
+            *args: ``fn``'s arguments; a new signature (shapes, dtypes, pytree structure) is captured
+                on first use, as ``jax.jit`` traces. Inside ``jax.jit`` they may be tracers.
+
+        Returns:
+            ``(value, grads)``, or ``((value, aux), grads)`` with ``has_aux``; ``grads`` has the form
+            of the ``argnums`` arguments (a tuple when ``argnums`` is a sequence).
+
+        Raises:
+            CaptureError: ``fn`` holds a step the capture cannot follow; the message names the
+                equation and why.
+        """
         cap, full = self._sigs.lookup(args)
         params, inputs, data, aux = cap.operands(*full)
         call, dt = _call_of(cap), cap.program.dtype
@@ -150,12 +166,34 @@ class TrainStep(Generic[State]):
         return self._sigs.last
 
     def __call__(self, state: State, *batch: Any) -> tuple[Any, State]:
+        """One training step.
+
+        Args:
+            state: ``(params, opt_state)``, donated: do not reuse it after the call.
+            *batch: The batch arguments of ``fn``; a new shape (a partial last batch) is captured
+                once, as ``jax.jit`` re-traces.
+
+        Returns:
+            ``(loss, state)``, or ``((loss, aux), state)`` with ``has_aux``.
+        """
         return self._run(state, *batch)
 
     def scan(self, state: State, *batches: Any) -> tuple[State, Any]:
-        """``jax.lax.scan(step, state, batches)`` with the same results: every batch leaf stacked on a leading
-        axis of K steps; returns ``(state, losses)`` (losses of shape (K,), or ``(losses, auxes)``). With a
-        native update the K steps run as one custom call, which saves XLA's per-step dispatch."""
+        """K steps, with the results of ``jax.lax.scan(step, state, batches)``.
+
+        With a native update the K steps run as one custom call, which saves XLA's per-step dispatch.
+
+        Args:
+            state: ``(params, opt_state)``, donated.
+            *batches: Every batch leaf stacked on a leading axis of K steps (K may be 0).
+
+        Returns:
+            ``(state, losses)``: losses of shape (K,), or ``(losses, auxes)`` with ``has_aux``.
+
+        Raises:
+            CaptureError: The batch leaves do not share a leading axis of K steps (the message lists
+                their shapes).
+        """
         return self._scan(state, *batches)
 
 

@@ -47,25 +47,56 @@ __all__ = ["check_grads", "assert_grads", "GradReport", "Divergence", "Kink", "P
 
 
 class TracingError(TapeError, TypeError):
-    """``f`` branches in Python on a traced value (check_grads traces it as ``jax.jit`` does)."""
+    """Raised where ``f`` needs a traced value as a Python value, which its trace cannot give.
+
+    ``check_grads`` traces ``f`` as ``jax.jit`` does (unless ``concrete`` says otherwise) and
+    ``capture_jax`` always does, so Python control flow (``if``, ``while``, ``bool()``, ``int()``) on a
+    value computed from the arguments cannot run there; the message says what to use instead. Traced
+    concretely, as ``jax.grad`` runs ``f``, it means ``f`` needs a value that is abstract even there:
+    ``float()`` of a traced value, or a Python branch inside a ``jax.jit``, ``lax`` or custom-rule body.
+
+    Examples:
+        >>> import jax.numpy as jnp, interop
+        >>> def f(x):
+        ...     return jnp.sum(x) if x[0] > 0 else -jnp.sum(x)
+        >>> try:
+        ...     interop.check_grads(f, jnp.ones(2), concrete=False)
+        ... except interop.TracingError:
+        ...     print("refused: f branches on a traced value")
+        refused: f branches on a traced value
+    """
 
 
 class CheckGradsError(TapeError, ValueError):
-    """``f`` or its arguments are not something check_grads can check: ``argnums`` out of range, nothing
-    float to differentiate, complex numbers on the differentiable path, an output that is not one real
-    scalar. The message names the argument (its leaf path) or the equation."""
+    """Raised for a function or arguments that ``check_grads`` cannot check.
+
+    That is: ``argnums`` out of range, nothing float to differentiate, complex numbers on the
+    differentiable path, an output that is not one real scalar (with ``has_aux``: not a pair), a
+    ``trust`` name of no custom rule of ``f``, or an unknown ``precision`` or ``concrete``. The message
+    names the argument (its leaf path) or the equation.
+    """
 
 
 class GradientMismatchError(TapeError, AssertionError):
-    """Raised by ``assert_grads``: tapegrad and ``jax.grad`` disagree (the message is the report)."""
+    """Raised by ``assert_grads`` where tapegrad and ``jax.grad`` disagree; the message is the report."""
 
 
 @dataclass
 class Divergence:
     """Where tapegrad and JAX first part: the step, its text, how, and by how much.
 
-    ``index`` counts the steps of ``f``'s jaxpr with calls inlined (what the report calls "equation
-    k"); a step inside a loop or branch is located by the top-level step that holds it and ``where``.
+    Attributes:
+        index: The step's number among the steps of ``f``'s jaxpr with calls inlined (what the report
+            calls "equation k"); a step inside a loop or branch has the number of the top-level step
+            that holds it, and ``where`` says where inside.
+        eqn: The step's text.
+        kind: "value" (the forward values differ) or "vjp" (the equation's local VJP differs).
+        max_abs: The largest absolute difference.
+        max_rel: The largest difference relative to JAX's largest magnitude.
+        where: Inside loops and branches, the path to the step (e.g.
+            ``"scan (step 3) › iteration 2"``); empty at the top level.
+        rule: The name of the ``custom_vjp``/``custom_jvp`` rule whose gradient differs from its
+            body's; empty where the step is no such rule.
     """
     index: int
     eqn: str
@@ -84,7 +115,17 @@ class Divergence:
 
 @dataclass
 class Kink:
-    """A difference confined to elements at an exact non-differentiable point, and each side's convention."""
+    """A difference confined to elements at an exact non-differentiable point, and each side's convention.
+
+    Attributes:
+        index: The step's number, as ``Divergence.index``.
+        eqn: The step's text.
+        elements: How many input elements' gradients differ.
+        jax: What JAX's rule gives there (e.g. ``"d/dx = 0"``).
+        tape: What the tape (the primal body) gives there.
+        detail: The kink the replay saw (ties, zeros).
+        where: Inside loops and branches, the path to the step; empty at the top level.
+    """
     index: int
     eqn: str
     elements: int      # input elements whose gradient differs
@@ -101,7 +142,14 @@ class Kink:
 
 @dataclass
 class Precision:
-    """The first step on a differentiable path computed below float64, and the bound it implies."""
+    """The first step on a differentiable path computed below float64, and the bound it implies.
+
+    Attributes:
+        dtype: The lower precision (e.g. ``"float32"``).
+        eqn: The step's text.
+        index: The step's number, as ``Divergence.index``.
+        bound: The bound it implies: √eps of ``dtype`` (at least ``rtol``).
+    """
     dtype: str
     eqn: str
     index: int
@@ -114,14 +162,44 @@ class Precision:
 
 @dataclass
 class GradReport:
-    """Result of ``check_grads``: tapegrad's gradients next to ``jax.grad``'s.
+    """The result of ``check_grads``: tapegrad's gradients next to ``jax.grad``'s.
 
-    ``ok``: values and gradients agree within ``bound`` (``rtol``, or the precision's bound), or
-    every difference is a kink. ``verdict``: "agree", "kink", "mismatch", or "nonfinite" (the value or
-    a gradient is NaN or inf in JAX as on the tape: nothing could be checked, so ``ok`` is False). ``grads`` and
-    ``jax_grads`` have ``jax.grad``'s form for ``argnums`` (a tuple over all arguments when it is
-    None; non-float leaves are None). ``max_abs``/``max_rel``: one entry per differentiated leaf,
-    named in ``leaves``.
+    ``str(report)`` is the readable report: a line per differentiated leaf (a leaf whose gradient is
+    zero up to rounding on both sides reads ``both ≈ 0: rounding noise``), then the precision,
+    branches, kinks, first divergence and notes.
+
+    Attributes:
+        ok: Whether the values and gradients agree within ``bound``, or every difference is a kink.
+        grads: Tapegrad's gradients, in ``jax.grad``'s form for ``argnums`` (a tuple over all
+            arguments when it is None; non-float leaves are None).
+        jax_grads: ``jax.grad``'s gradients, in the same form.
+        value: Tapegrad's value of ``f``.
+        jax_value: JAX's value of ``f``.
+        max_abs: The largest absolute difference of each differentiated leaf's gradient, one entry
+            per leaf named in ``leaves``.
+        max_rel: That difference relative to the leaf's largest ``|jax.grad|``, per leaf.
+        rtol: The ``rtol`` asked for.
+        first_divergence: Where the two sides first part, located after a mismatch (else None).
+        n_eqns: How many equations were replayed.
+        notes: What the reader should know about how the check ran (arguments upgraded to float64,
+            static leaves, a concrete trace, a custom rule to trust).
+        verdict: "agree", "kink", "mismatch", or "nonfinite" (the value or a gradient is NaN or inf
+            in JAX as on the tape: nothing could be checked, so ``ok`` is False).
+        bound: The bound the difference is held to: ``rtol``, or the lower precision's √eps.
+        error: The gradients' difference held to ``bound``: the largest, over the leaves, of the
+            smaller of ``max_rel`` and ``max_abs`` over ``scale``.
+        precision: The first step on a differentiable path computed below float64 (else None).
+        kinks: The differences confined to kinks, each a ``Kink``.
+        leaves: The differentiated leaves' names (e.g. ``"arg 0['w']"``).
+        aux: JAX's ``aux`` output of ``f`` with ``has_aux`` (else None).
+        jax_max: The largest ``|jax.grad|`` of each leaf.
+        scale: The largest ``|jax.grad|`` over the whole gradient.
+        mode: The precision as run: "float64" (leaves upgraded) or "as_given".
+        checked: The precision compared at: "float64", or the lower one whose √eps is ``bound``.
+        branches: Under a concrete trace, each site of ``f``'s code that read a traced value, and
+            what it read.
+        concrete: Whether ``f`` was traced with its values readable (``concrete=True``, asked or
+            chosen automatically).
     """
     ok: bool
     grads: Any
@@ -653,69 +731,103 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
     """Check ``jax.grad(f, argnums, has_aux)`` against tapegrad's reverse sweep of ``f``'s jaxpr.
 
     ``f`` is a scalar-valued JAX function (``jax.numpy``, ``lax``, ``jax.nn``, control flow,
-    ``custom_vjp``…); ``args`` are arrays or pytrees. ``argnums`` as in ``jax.grad`` (None: every
-    argument); integer, boolean and key leaves are data, never differentiated or cast; float leaves
-    are checked in float64 (inside a scoped x64 context). Returns a ``GradReport``; primitives the
-    tape cannot replay on differentiable values raise ``UnsupportedPrimitiveError`` naming them all,
-    and what cannot be checked at all (complex numbers on the differentiable path, nothing float to
-    differentiate, an output that is not one real scalar) ``CheckGradsError`` naming the argument or step.
-    Like ``jax.jit``, the trace and JAX's compiled side are cached per function and argument types.
-
-    float16 and bfloat16 are floats as float32 is: such arguments are checked in float64 (a note
-    says so) and a step computing in them is compared at that precision's bound. A leaf whose
-    gradient is zero up to rounding on both sides is reported as ``both ≈ 0: rounding noise``.
+    ``custom_vjp``…). By default float leaves are checked in float64 (inside a scoped x64 context),
+    where both sides are exact reverse sweeps. float16 and bfloat16 are floats as float32 is: such
+    arguments are checked in float64 (a note says so) and a step computing in them is compared at that
+    precision's bound. A leaf whose gradient is zero up to rounding on both sides is reported as
+    ``both ≈ 0: rounding noise``. Like ``jax.jit``, the trace and JAX's compiled side are cached per
+    function and argument types. Where ``jax.grad`` itself cannot differentiate ``f``, JAX's error is
+    raised again, saying there is nothing to check against.
 
     A ``custom_vjp``/``custom_jvp`` call is replayed by its primal body, so its rule is checked against
     the body's derivative: that is the oracle's job. ``interop.value_and_grad``, ``train_step`` and
-    ``capture_jax``, which stand in for ``jax.grad``, follow the rule instead.
+    ``capture_jax``, which stand in for ``jax.grad``, follow the rule instead. A ``while`` with a
+    batched predicate (``vmap`` of a per-example stopping rule) runs while any lane is active,
+    finished lanes frozen, as JAX runs it.
 
-    ``trust``: names of ``custom_vjp``/``custom_jvp`` rules (as JAX records them, leading underscores
-    optional) to replay as JAX gives them instead of checking them against their primal body, for
-    rules meant to differ (gradient scaling or reversal, straight-through estimators); a custom rule
-    that differs is otherwise located by name (``first_divergence.rule``). Non-array leaves of the
-    arguments (an equinox module's functions) are static, as ``eqx.filter_grad`` treats them. A
-    ``while`` with a batched predicate (``vmap`` of a per-example stopping rule) runs while any lane
-    is active, finished lanes frozen, as JAX runs it.
+    Args:
+        f: The function: it returns one real float scalar (with ``has_aux``: ``(value, aux)``).
+        *args: Its arguments, arrays or pytrees. Integer, boolean and key leaves are data, never
+            differentiated or cast; non-array leaves (an equinox module's functions) are static, as
+            ``eqx.filter_grad`` treats them.
+        argnums: The differentiated arguments, as in ``jax.grad``; None (the default) differentiates
+            every argument.
+        has_aux: ``f`` returns ``(value, aux)``; the report's ``aux`` is JAX's ``aux``.
+        rtol: The bound on the difference, normwise per leaf: ``max|Δ| <= rtol·max|jax.grad|`` (or
+            over the whole gradient, for a leaf whose gradient is at rounding level next to the
+            others); the values are held to it too.
+        seed: Seeds the random cotangents (and the nudges off kinks) that locate a divergence.
+        trust: Names of ``custom_vjp``/``custom_jvp`` rules (as JAX records them, leading underscores
+            optional; one name or several) to replay as JAX gives them instead of checking them
+            against their primal body, for rules meant to differ (gradient scaling or reversal,
+            straight-through estimators). A custom rule that differs is otherwise located by name
+            (``first_divergence.rule``).
+        precision: "float64" (the default) upgrades float leaves to float64, so both sides are exact
+            reverse sweeps held to ``rtol``. "as_given" keeps float32/bfloat16/float16 leaves and
+            traces ``f`` in the caller's x64 setting: what is compared is the caller's own
+            ``jax.grad`` at that precision, held to its bound √eps (float32: 3.5e-4, the bound the
+            replay states for any lower-precision step); ``report.mode`` and ``report.checked`` say
+            which. When ``f`` does not trace upgraded (it makes float32 values of its own, e.g.
+            flax's ``initialize_carry``, and a scan carry changes type), it is checked as given and a
+            note says why.
+        concrete: True: ``f`` may branch in Python on traced values (``if x > 0``, a ``while`` until
+            converged, optax's ``warmup_cosine_decay_schedule``), as ``jax.grad`` allows: it is
+            traced with its values readable, each Python branch taking the way it takes under
+            ``jax.grad`` at these arguments, and that path is checked, at these values only
+            (``report.branches`` lists what ran). None (the default): ``f`` is traced as ``jax.jit``
+            traces it, and if that fails on a Python branch (or ``int()``, an index) of a traced
+            value, as ``concrete=True`` traces it; ``report.concrete`` and a note say so. False:
+            such an ``f`` is refused.
 
-    >>> import interop
-    >>> import jax, jax.numpy as jnp
-    >>> r = interop.check_grads(lambda w: jnp.tanh(w @ w).sum(), jnp.eye(3))
-    >>> r.ok, r.grads[0].shape, r.max_rel[0] <= 1e-12
-    (True, (3, 3), True)
-    >>> loss = lambda w, x, labels: -jnp.take_along_axis(jax.nn.log_softmax(x @ w), labels[:, None], 1).mean()
-    >>> r = interop.check_grads(loss, jnp.ones((3, 2)), jnp.eye(3), jnp.array([0, 1, 1]), argnums=0)
-    >>> r.ok, r.grads.shape
-    (True, (3, 2))
+    Returns:
+        A ``GradReport``: whether the two sides agree, both sides' values and gradients, and where
+        they first part.
 
-    ``precision``: "float64" (the default) upgrades float leaves to float64, so both sides are
-    exact reverse sweeps held to ``rtol``. "as_given" keeps float32/bfloat16/float16 leaves and traces
-    f in the caller's x64 setting: what is compared is the caller's own ``jax.grad`` at that precision,
-    held to its bound √eps (float32: 3.5e-4, the bound the replay states for any lower-precision step);
-    ``report.mode`` and ``report.checked`` say which. When f does not trace upgraded (it makes
-    float32 values of its own, e.g. flax's ``initialize_carry``, and a scan carry changes type), it is
-    checked as given and a note says why.
+    Raises:
+        CheckGradsError: If ``f`` or its arguments cannot be checked at all: ``argnums`` out of
+            range, nothing float to differentiate, complex numbers on the differentiable path, an
+            output that is not one real scalar (with ``has_aux``: not a pair), a ``trust`` name of no
+            custom rule of ``f``, or a ``precision`` or ``concrete`` that is none of its values.
+        UnsupportedPrimitiveError: If the tape cannot replay primitives applied to values that
+            depend on the differentiated arguments (the message names them all).
+        TracingError: If ``f`` needs a traced value as a Python value: any Python branch on one with
+            ``concrete=False``, else one that even ``jax.grad``'s trace cannot give (the message says
+            what to use instead).
 
-    >>> w32 = jnp.linspace(-1.0, 1.0, 4, dtype=jnp.float32)
-    >>> r = interop.check_grads(lambda w: jnp.sum(jnp.tanh(w) ** 2), w32, precision="as_given")
-    >>> r.ok, r.mode, r.checked, r.jax_grads[0].dtype, round(r.bound, 6)
-    (True, 'as_given', 'float32', dtype('float32'), 0.000345)
+    Examples:
+        >>> import jax, jax.numpy as jnp, interop
+        >>> r = interop.check_grads(lambda w: jnp.tanh(w @ w).sum(), jnp.eye(3))
+        >>> r.ok, r.grads[0].shape, r.max_rel[0] <= 1e-12
+        (True, (3, 3), True)
 
-    ``concrete=True``: f may branch in Python on traced values (``if x > 0``, a ``while`` until
-    converged, optax's ``warmup_cosine_decay_schedule``), as ``jax.grad`` allows: it is traced with
-    its values readable, each Python branch taking the way it takes under ``jax.grad`` at these
-    arguments, and that path is checked, at these values only (``report.branches`` lists what ran).
-    Unset (None, the default), f is traced as ``jax.jit`` traces it, and if that fails on a Python
-    branch (or ``int()``, an index) of a traced value, as ``concrete=True`` traces it: ``report.concrete``
-    and a note say so. ``concrete=False`` refuses such an f (``TracingError``, saying what to use).
+        Integer labels are data; ``argnums=0`` differentiates the weights only:
 
-    >>> def newton_sqrt(a):
-    ...     x = a
-    ...     while jnp.abs(x * x - a) > 1e-12 * a:
-    ...         x = 0.5 * (x + a / x)
-    ...     return x
-    >>> r = interop.check_grads(newton_sqrt, jnp.asarray(2.0), concrete=True)
-    >>> r.ok, round(float(r.grads[0]), 6), len(r.branches)
-    (True, 0.353553, 1)
+        >>> def loss(w, x, labels):
+        ...     logp = jax.nn.log_softmax(x @ w)
+        ...     return -jnp.take_along_axis(logp, labels[:, None], 1).mean()
+        >>> r = interop.check_grads(loss, jnp.ones((3, 2)), jnp.eye(3),
+        ...                         jnp.array([0, 1, 1]), argnums=0)
+        >>> r.ok, r.grads.shape
+        (True, (3, 2))
+
+        ``precision="as_given"`` checks the caller's own float32 ``jax.grad``:
+
+        >>> w32 = jnp.linspace(-1.0, 1.0, 4, dtype=jnp.float32)
+        >>> r = interop.check_grads(lambda w: jnp.sum(jnp.tanh(w) ** 2), w32,
+        ...                         precision="as_given")
+        >>> r.ok, r.mode, r.checked, r.jax_grads[0].dtype, round(r.bound, 6)
+        (True, 'as_given', 'float32', dtype('float32'), 0.000345)
+
+        ``concrete=True`` checks a Python loop on traced values, as it ran:
+
+        >>> def newton_sqrt(a):
+        ...     x = a
+        ...     while jnp.abs(x * x - a) > 1e-12 * a:
+        ...         x = 0.5 * (x + a / x)
+        ...     return x
+        >>> r = interop.check_grads(newton_sqrt, jnp.asarray(2.0), concrete=True)
+        >>> r.ok, round(float(r.grads[0]), 6), len(r.branches)
+        (True, 0.353553, 1)
     """
     if not isinstance(precision, str) or precision not in PRECISIONS:
         raise CheckGradsError(f"check_grads: precision must be 'float64' (float leaves upgraded to float64, the "
@@ -737,14 +849,46 @@ def check_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Seq
 def assert_grads(f: Callable[..., Any], *args: Any, argnums: Union[None, int, Sequence[int]] = None,
                  has_aux: bool = False, rtol: float = 1e-12, seed: int = 0, trust: Sequence[str] = (),
                  allow_kinks: bool = True, precision: str = "float64", concrete: Optional[bool] = None) -> GradReport:
-    """Like ``check_grads`` but raises ``GradientMismatchError`` (an ``AssertionError``) with the report.
+    """Run ``check_grads`` and raise ``GradientMismatchError`` (an ``AssertionError``) where it fails.
 
-    The form of ``jax.test_util.check_grads``; returns the report when the gradients agree (or
-    differ only at kinks, unless ``allow_kinks=False``).
+    The form of ``jax.test_util.check_grads``. Whatever ``check_grads`` raises passes through.
 
-    >>> import interop
-    >>> import jax.numpy as jnp
-    >>> _ = interop.assert_grads(lambda x: jnp.sum(jnp.tanh(x) ** 2), jnp.linspace(0.0, 1.0, 4))
+    Args:
+        f: The function: it returns one real float scalar (with ``has_aux``: ``(value, aux)``).
+        *args: Its arguments, as for ``check_grads``.
+        argnums: The differentiated arguments, as in ``jax.grad`` (None: every argument).
+        has_aux: ``f`` returns ``(value, aux)``.
+        rtol: The bound on the difference, as for ``check_grads``.
+        seed: Seeds the random cotangents that locate a divergence.
+        trust: Names of custom rules to replay as JAX gives them, as for ``check_grads``.
+        allow_kinks: Whether gradients that differ only at kinks (a relu at 0, tied maxima) pass.
+        precision: "float64" or "as_given", as for ``check_grads``.
+        concrete: Whether ``f`` is traced with its values readable, as for ``check_grads``.
+
+    Returns:
+        The ``GradReport``, when the gradients agree (or differ only at kinks, unless
+        ``allow_kinks=False``).
+
+    Raises:
+        GradientMismatchError: If the report is not ok (a mismatch, or nothing finite to check), or
+            it found kinks and ``allow_kinks`` is False; the message is the report.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, interop
+        >>> x = jnp.linspace(0.0, 1.0, 4)
+        >>> _ = interop.assert_grads(lambda x: jnp.sum(jnp.tanh(x) ** 2), x)
+
+        A custom rule that is not its body's derivative fails:
+
+        >>> @jax.custom_vjp
+        ... def double(x):
+        ...     return 2 * x
+        >>> double.defvjp(lambda x: (2 * x, None), lambda _, g: (3 * g,))
+        >>> try:
+        ...     interop.assert_grads(lambda x: double(x).sum(), x)
+        ... except interop.GradientMismatchError:
+        ...     print("mismatch")
+        mismatch
     """
     report = check_grads(f, *args, argnums=argnums, has_aux=has_aux, rtol=rtol, seed=seed, trust=trust,
                          precision=precision, concrete=concrete)

@@ -62,14 +62,34 @@ def _writable_alias(a):
 def to_jax(array: ArrayLike, copy: Optional[bool] = None) -> "jax.Array":
     """A JAX array (CPU) holding the same memory as the NumPy array ``array`` when possible.
 
-    ``copy=None``: share when possible, else copy with a ``CopyWarning``; ``copy=False``: share or
-    raise ``ValueError``; ``copy=True``: always an independent copy.
+    ``array`` is shared when it is 64-byte aligned, compact (C or Fortran order), non-empty, of a
+    dtype DLPack carries, and its memory is writable (a read-only *view* of writable memory, such as
+    ``tape.value(v)``, counts: tapegrad hands out read-only views of its own buffers); an array in
+    non-native byte order is always copied. A shared JAX array *aliases* the tape's buffer: an
+    optimizer step or a ``reset_to`` that reuses the memory changes what it reads; take
+    ``copy=True`` for a snapshot. ``jax.device_put`` is never used on tape memory: on CPU it
+    silently aliases aligned arrays. A copy made under ``copy=None`` warns with ``CopyWarning``,
+    saying why.
 
-    >>> import numpy as np, tapegrad as tg, interop
-    >>> tape = tg.Tape(); w = tape.param(np.arange(4.0))
-    >>> j = interop.to_jax(tape.value(w))
-    >>> j.unsafe_buffer_pointer() == tape.value(w).ctypes.data
-    True
+    Args:
+        array: The NumPy array (or anything ``np.asarray`` takes).
+        copy: None: share when possible, else copy with a ``CopyWarning``; False: share or raise
+            ``ValueError``; True: always an independent copy.
+
+    Returns:
+        A ``jax.Array`` on the CPU.
+
+    Raises:
+        ValueError: If ``copy`` is not None, True or False, or it is False and the array cannot be
+            shared (the message says why).
+        DTypeError: If JAX has no dtype for the array's (objects, strings, more than 16 bytes).
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg, interop
+        >>> tape = tg.Tape(np.float32); w = tape.param(np.arange(4.0))
+        >>> j = interop.to_jax(tape.value(w))
+        >>> j.unsafe_buffer_pointer() == tape.value(w).ctypes.data
+        True
     """
     if copy not in (None, True, False):
         raise ValueError(f"to_jax: copy must be None, True or False, got {copy!r}")
@@ -99,14 +119,31 @@ def to_jax(array: ArrayLike, copy: Optional[bool] = None) -> "jax.Array":
 def from_jax(x: "jax.Array", copy: Optional[bool] = None) -> np.ndarray:
     """A read-only NumPy view of a JAX CPU array's memory (zero-copy), or a copy where it must be.
 
-    A JAX array on a device other than the host (a GPU) cannot be viewed from NumPy: ``copy=None``
-    copies it with a ``CopyWarning``, ``copy=False`` raises ``ValueError``. ``copy=True`` returns a
-    fresh writable array.
+    A JAX array on a device other than the host (a GPU), sharded over several devices, empty, or of
+    a dtype NumPy cannot import over DLPack (bfloat16, float8) cannot be viewed from NumPy: under
+    ``copy=None`` it is copied (read-only) with a ``CopyWarning`` saying why.
 
-    >>> import numpy as np, interop
-    >>> j = interop.jnp.arange(3.0)
-    >>> v = interop.from_jax(j); v.flags.writeable, v.ctypes.data == j.unsafe_buffer_pointer()
-    (False, True)
+    Args:
+        x: The JAX array.
+        copy: None: a view when possible, else a copy with a ``CopyWarning``; False: a view or a
+            ``ValueError``; True: a fresh writable copy.
+
+    Returns:
+        A NumPy array: a read-only view of ``x``'s memory, or a copy (writable only under
+        ``copy=True``).
+
+    Raises:
+        ValueError: If ``copy`` is not None, True or False, or it is False and ``x`` cannot be
+            viewed (the message says why).
+        ArgumentError: If ``x`` is a traced value (inside ``jit``, ``grad`` or ``vmap``: it has no
+            memory to view) or not a ``jax.Array``.
+
+    Examples:
+        >>> import jax.numpy as jnp, interop
+        >>> j = jnp.arange(3.0)
+        >>> v = interop.from_jax(j)
+        >>> v.flags.writeable, v.ctypes.data == j.unsafe_buffer_pointer()
+        (False, True)
     """
     if copy not in (None, True, False):
         raise ValueError(f"from_jax: copy must be None, True or False, got {copy!r}")
@@ -165,11 +202,20 @@ def preallocation_advice(environ: Optional[Any] = None) -> Optional[str]:
     (preallocate less; ``XLA_PYTHON_CLIENT_MEM_FRACTION`` is its older name) or
     ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` leaves room.
 
-    >>> from interop.xla.dlpack import preallocation_advice
-    >>> preallocation_advice({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}) is None
-    True
-    >>> preallocation_advice({}).split(":")[0]
-    'JAX preallocates 75% of GPU memory at its first operation, which starves CuPy'
+    Args:
+        environ: The environment variables to read, a mapping of names to values; None (the
+            default): ``os.environ``.
+
+    Returns:
+        None when one of the settings above leaves room, else a sentence saying what to set.
+
+    Examples:
+        >>> import interop
+        >>> env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        >>> interop.preallocation_advice(env) is None
+        True
+        >>> interop.preallocation_advice({}).startswith("JAX preallocates 75%")
+        True
     """
     import os
     env = os.environ if environ is None else environ
@@ -207,14 +253,27 @@ class _Current:
 def cupy_to_jax(array: Any, copy: Optional[bool] = None, stream: Any = None) -> "jax.Array":
     """A JAX GPU array sharing a CuPy array's memory, ordered after the work that wrote it.
 
-    ``stream``: the CuPy stream whose work wrote ``array`` (default: CuPy's current stream). DLPack
-    orders JAX after *that* stream: CuPy records an event on its current stream and JAX's stream waits
-    for it, so writes queued on another stream would race. A program captured with ``backend="cupy"``
-    runs on its own stream, ``program.runner.stream``: pass it. ``copy=True`` copies on the device first
-    (on ``stream``, so after the writes; never DLPack's own ``copy=True``, which CuPy refuses for device
-    arrays); a strided array is copied with a ``CopyWarning`` under ``copy=None`` and refused under
-    ``copy=False``. Warns once (``ResourceWarning``) when JAX's preallocation would starve CuPy
-    (``preallocation_advice``).
+    DLPack orders JAX after the given stream: CuPy records an event on it and JAX's stream waits for
+    it, so writes queued on another stream would race. A program captured with ``backend="cupy"``
+    runs on its own stream, ``program.runner.stream``: pass it. A strided array is copied with a
+    ``CopyWarning`` under ``copy=None``. Warns once (``ResourceWarning``) when JAX's preallocation
+    would starve CuPy (``preallocation_advice``).
+
+    Args:
+        array: The CuPy array.
+        copy: None: share, copying a strided array with a ``CopyWarning``; False: share or raise
+            ``ValueError``; True: copy on the device first (on ``stream``, so after the writes;
+            never DLPack's own ``copy=True``, which CuPy refuses for device arrays).
+        stream: The CuPy stream whose work wrote ``array``; None (the default): CuPy's current
+            stream.
+
+    Returns:
+        A ``jax.Array`` on the GPU.
+
+    Raises:
+        ImportError: If CuPy is not installed.
+        ValueError: If ``copy`` is not None, True or False, or it is False and ``array`` is
+            strided.
     """
     cp = _cupy()
     if copy not in (None, True, False):
@@ -235,10 +294,25 @@ def cupy_to_jax(array: Any, copy: Optional[bool] = None, stream: Any = None) -> 
 def jax_to_cupy(x: "jax.Array", copy: Optional[bool] = None, stream: Any = None) -> Any:
     """A CuPy array sharing a JAX GPU array's memory, ready for use on ``stream``.
 
-    ``stream``: the CuPy stream that will use the array (default: CuPy's current stream). CuPy hands it
-    to JAX's ``__dlpack__``, and JAX makes it wait for the computation that produces ``x``; work on
-    another stream is not ordered. Treat the result as read-only: JAX arrays are immutable and CuPy
-    cannot mark memory read-only. ``copy=True`` gives an independent CuPy array (copied on ``stream``).
+    CuPy hands ``stream`` to JAX's ``__dlpack__``, and JAX makes it wait for the computation that
+    produces ``x``; work on another stream is not ordered. Treat the result as read-only: JAX arrays
+    are immutable and CuPy cannot mark memory read-only. Warns once (``ResourceWarning``) when JAX's
+    preallocation would starve CuPy (``preallocation_advice``).
+
+    Args:
+        x: The JAX array.
+        copy: None: share a GPU array; a host array is copied to the GPU with a ``CopyWarning``.
+            False: share or raise ``ValueError``. True: an independent CuPy array (copied on
+            ``stream``).
+        stream: The CuPy stream that will use the array; None (the default): CuPy's current stream.
+
+    Returns:
+        A CuPy array.
+
+    Raises:
+        ImportError: If CuPy is not installed.
+        ValueError: If ``copy`` is not None, True or False, or it is False and ``x`` is not on a
+            GPU.
     """
     cp = _cupy()
     if copy not in (None, True, False):

@@ -11,9 +11,11 @@ from .callback import host_call
 
 
 class TransformError(tg.TapeError, TypeError):
-    """A JAX transformation that a tape-backed function cannot support (forward mode, grad of grad).
+    """Raised for a JAX transformation that a tape-backed function cannot support (forward mode, grad of grad).
 
-    Part of tapegrad's error family: ``except tapegrad.TapeError`` catches it too.
+    ``jax_function``'s functions, ``program_call`` and ``program_episode`` raise it: tapegrad's backward
+    is not itself recorded on a tape, so its gradients are first-order only. Part of tapegrad's error
+    family: ``except tapegrad.TapeError`` catches it too.
     """
 
 
@@ -25,18 +27,28 @@ def jax_function(build: Callable[..., tg.Var], *,
     value of the Var it returns. Under ``jax.grad``/``jax.vjp`` the backward rule re-records the tape
     from the saved inputs and runs ``tape.backward`` with the incoming cotangent as seed (the
     residuals are the inputs, so forward and backward calls never share mutable state). The host
-    code runs through ``interop.xla.callback`` (zero-copy). It composes with ``jit``, ``grad``, ``vmap``
-    (``vmap_method``: "sequential" runs ``build`` per batch element; "broadcast_all" passes the batch
-    axis to ``build``, for functions that are row-wise), ``vmap(grad)``, ``grad(vmap)`` and
-    ``jacrev``. Forward mode (``jvp``, ``jacfwd``) and second derivatives raise ``TransformError``:
-    tapegrad's backward is not itself recorded on a tape.
+    code runs through ``interop.xla.callback`` (zero-copy). It composes with ``jit``, ``grad``,
+    ``vmap``, ``vmap(grad)``, ``grad(vmap)`` and ``jacrev``. The tape's dtype is the inputs' common
+    float dtype (float32 or float64).
 
-    The tape's dtype is the inputs' common float dtype (float32 or float64).
+    A call raises ``TransformError`` under forward mode (``jvp``, ``jacfwd``) and for second
+    derivatives (tapegrad's backward is not itself recorded on a tape), ``DTypeError`` for arguments
+    that are not float32 or float64 arrays, and ``ArgumentError`` where ``build`` returns no Var.
 
-    >>> import interop
-    >>> f = interop.jax_function(lambda tape, x: (x * x).sum())
-    >>> float(interop.jax.grad(f)(interop.jnp.array([1.0, 2.0]))[1])
-    4.0
+    Args:
+        build: Records the computation: ``build(tape, *vars)`` gets a fresh tape and one Var per
+            array argument, and returns the result's Var.
+        vmap_method: Under ``vmap``: "sequential" runs ``build`` per batch element;
+            "broadcast_all" passes the batch axis to ``build``, for functions that are row-wise.
+
+    Returns:
+        The JAX function ``f(*arrays)``, differentiable in reverse mode.
+
+    Examples:
+        >>> import jax, jax.numpy as jnp, interop
+        >>> f = interop.jax_function(lambda tape, x: (x * x).sum())
+        >>> float(jax.grad(f)(jnp.array([1.0, 2.0]))[1])
+        4.0
     """
     shapes = {}
 

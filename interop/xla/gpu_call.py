@@ -28,7 +28,12 @@ the CPU custom call and the CUDA one behind ``lax.platform_dependent``.
 JAX preallocates 75% of GPU memory, which starves CuPy's pool: run with
 ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (or a smaller ``XLA_CLIENT_MEM_FRACTION``) beside CuPy.
 """
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
 import numpy as np
+
+from tapegrad.capture import Program
 
 from .._jax import jax, jnp
 from .program import (ProgramError, _LIB, _named, _positional, _Sig, count_operand, count_result, native_library,
@@ -83,8 +88,36 @@ def slots(program, cp=None):
     return np.array(table_slots, np.int64), int(loss_slot)
 
 
-def program_episode_gpu(program, *, handles=None):
-    """The CUDA custom call of one training episode (see the module docstring)."""
+def program_episode_gpu(program: Program, *, handles: Optional[Mapping[str, Any]] = None) -> Callable[..., Any]:
+    """One training episode of a CuPy program as a CUDA custom call: ``interop.program_episode``'s step.
+
+    The step lowers on the CUDA platform to ``stablehlo.custom_call @tapegrad_gpu_episode_<hash>``,
+    run by the C handler ``tg_gpu_episode``, which replays the program's CUDA graph on XLA's buffers
+    (updated in place) and computes the optimizer's step scalars with the same C code and libm
+    ``pow`` as the native backend: the episode stays bit-exact with the CPU tape in ordered mode.
+    The handler needs no CUDA headers and no nvcc: it opens the driver at its first call
+    (``libcuda.so.1``, or ``$TAPEGRAD_LIBCUDA``); without one the call fails with an error saying
+    so. Lowering needs no GPU: ``jax.jit(step).trace(...).lower(lowering_platforms=("cuda",))``
+    works on a CPU-only machine, given ``handles``. A call raises ``ProgramError`` for a state or
+    inputs that do not fit the program.
+
+    Args:
+        program: A program captured with ``backend="cupy"`` and ``ordered=True``, its optimizer
+            attached.
+        handles: The device objects the handler names, only to inspect the lowering: ``graph``,
+            ``settab``, ``table`` and ``ctl`` (optional: ``table_len``, ``device`` and ``vt``, the
+            table's own entries). None (the default): from the CuPy program's runner.
+
+    Returns:
+        ``step(params, opt_state, inputs) -> (loss, params, opt_state)``, state named and shaped as
+        ``program_episode``'s and aliased to the outputs; ``step.positional(params, moments, count,
+        inputs)`` is the same call on positional tuples.
+
+    Raises:
+        ProgramError: If no optimizer is attached, the program was not captured in ordered mode (a
+            CUDA graph cannot hold the default mode's cuBLAS calls), or not with backend "cupy"
+            where ``handles`` is None, or the FFI handlers cannot be built here (no C compiler).
+    """
     if program.opt is None:
         raise ProgramError("program_episode_gpu: attach an optimizer first (program.attach(optimizer))")
     if not program.ordered:
@@ -120,9 +153,25 @@ def program_episode_gpu(program, *, handles=None):
     return step
 
 
-def platform_episode(cpu_program, gpu_program=None, *, handles=None):
-    """One ``step`` for either platform: the CPU custom call (``program_episode(cpu_program)``) on "cpu",
-    the CUDA one on "cuda" (``gpu_program``, default ``cpu_program`` itself, with ``handles`` for lowering)."""
+def platform_episode(cpu_program: Program, gpu_program: Optional[Program] = None, *,
+                     handles: Optional[Mapping[str, Any]] = None) -> Callable[..., Any]:
+    """One training ``step`` for either platform, chosen by ``lax.platform_dependent``.
+
+    Args:
+        cpu_program: The program of the CPU custom call (``program_episode(cpu_program)``), run on
+            "cpu".
+        gpu_program: The program of the CUDA custom call (``program_episode_gpu``), run on
+            "cuda"; None (the default): ``cpu_program`` itself, with ``handles`` for lowering.
+        handles: The device objects of the CUDA call, as for ``program_episode_gpu``.
+
+    Returns:
+        ``step(params, opt_state, inputs) -> (loss, params, opt_state)``, as
+        ``program_episode``'s.
+
+    Raises:
+        ProgramError: If either program cannot make its episode (see ``program_episode`` and
+            ``program_episode_gpu``).
+    """
     cpu = program_episode(cpu_program)
     gpu = program_episode_gpu(gpu_program if gpu_program is not None else cpu_program, handles=handles)
 

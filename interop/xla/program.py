@@ -449,16 +449,41 @@ def program_call(program: Program, *, native: Optional[bool] = None, data: bool 
     ``params`` are the program's parameters and ``inputs`` its float constants, each in registration
     order, with the captured shapes and the program's dtype. Integer and bool data slots (index
     tables, masks) are not inputs: calls use the values they hold (captured, or last given with
-    ``set_input``) — unless ``data=True``: then the call is ``(*params, *inputs, *data)`` with one
-    int32/int64 or bool array per data slot (``program.data``, in registration order), copied into
-    the slot on every call (``interop.capture_jax`` programs are called so). Under ``jax.grad`` one custom call runs
-    forward + backward and returns the loss with the parameter gradients as residuals; the backward
-    rule scales them by the loss cotangent. Constants have no gradient on the tape: differentiating
-    with respect to an input raises. Under ``vmap`` every operand is broadcast to the batch and the
-    handler loops over it; under ``shard_map`` each shard runs its own call.
+    ``set_input``), unless ``data=True``. Under ``jax.grad`` one custom call runs forward + backward
+    and returns the loss with the parameter gradients as residuals; the backward rule scales them by
+    the loss cotangent. Under ``vmap`` every operand is broadcast to the batch and the handler loops
+    over it; under ``shard_map`` each shard runs its own call.
 
-    ``native``: None (the FFI handler when the program is native and a compiler exists, else the
-    zero-copy host callback), True or False to force one.
+    A call raises ``ProgramError`` for operands of the wrong count, shape or dtype, for a float64
+    program with JAX's 64-bit mode off, and under differentiation with respect to an input
+    (constants have no gradient on the tape); ``TransformError`` under forward-mode or second-order
+    differentiation.
+
+    Args:
+        program: A captured tapegrad ``Program`` (backend "native" or "numpy").
+        native: None (the default): the FFI handler when the program is native and a C compiler
+            exists, else the zero-copy host callback; True or False forces one.
+        data: The call is ``(*params, *inputs, *data)``, with one int32/int64 or bool array per
+            data slot (``program.data``, in registration order), copied into the slot on every call
+            (``interop.capture_jax`` programs are called so).
+
+    Returns:
+        The JAX function; its ``program`` and ``native`` attributes say what it runs and how.
+
+    Raises:
+        ProgramError: If the program was captured with backend "cupy", or ``native=True`` for a
+            program that is not native or where the FFI handler cannot be built.
+
+    Examples:
+        >>> import numpy as np, jax, jax.numpy as jnp, tapegrad as tg, interop
+        >>> tape = tg.Tape()
+        >>> w, x = tape.param(np.ones(2)), tape.const(np.array([1.0, 2.0]))
+        >>> prog = tg.capture(tape, ((w * x) ** 2).sum(), dtype="float32")
+        >>> f = interop.program_call(prog)
+        >>> w32, x32 = jnp.ones(2, jnp.float32), jnp.array([1.0, 2.0], jnp.float32)
+        >>> loss, g = jax.value_and_grad(f)(w32, x32)
+        >>> float(loss), g.tolist()
+        (5.0, [2.0, 8.0])
     """
     native = _mode(program, native, "program_call")
     sig = _Sig(program)
@@ -515,24 +540,57 @@ def program_episode(program: Program, *, flat: bool = False, native: Optional[bo
                     lr: bool = False) -> Callable[..., Any]:
     """One XLA custom call doing forward + backward + the attached optimizer's step, state explicit.
 
-    Returns ``step(params, opt_state, inputs) -> (loss, params, opt_state)``, the state named and
-    shaped as optax's (see ``episode_state``): ``params`` a dict ``{name: array}`` of every
-    parameter (``tape.param(..., name=)``, else ``param_<k>``), ``opt_state`` an
-    ``optax.ScaleByAdamState(count, mu, nu)`` (Adam; ``mu``/``nu`` dicts keyed like ``params``) or
-    an ``SGDState(count)``, ``count`` an int32 step counter. ``inputs`` is a tuple of the program's
-    constants in registration order. Parameters and state alias their outputs
-    (``input_output_aliases``): inside ``jax.jit(step, donate_argnums=(0, 1))`` they are updated in
-    place. ``episode_state(program)`` gives the initial ``(params, opt_state)``.
+    The state is named and shaped as optax's (see ``episode_state``): ``params`` a dict
+    ``{name: array}`` of every parameter (``tape.param(..., name=)``, else ``param_<k>``),
+    ``opt_state`` an ``optax.ScaleByAdamState(count, mu, nu)`` (Adam; ``mu``/``nu`` dicts keyed like
+    ``params``) or an ``SGDState(count)`` (momentum SGD: ``SGDState(count, trace)``), ``count`` an
+    int32 step counter; ``inputs`` is a tuple of the program's constants in registration order.
+    Parameters and state alias their outputs (``input_output_aliases``): inside
+    ``jax.jit(step, donate_argnums=(0, 1))`` they are updated in place. ``episode_state(program)``
+    gives the initial ``(params, opt_state)``.
 
-    ``flat=True``: ``step(state, inputs) -> (loss, state)`` with the whole state in one vector
-    ``[params | opt_state | count]`` (``episode_state(program, flat=True)``; name it with
-    ``unflatten_state``). One donated operand instead of 2·#params+1 costs XLA less per call
-    (``jax.jit(step, donate_argnums=0)``).
+    A call raises ``ProgramError`` for a state or operands that do not fit the program, and
+    ``TransformError`` under differentiation: a training episode is not differentiable
+    (differentiate the loss: ``interop.value_and_grad``, ``program_call``).
 
-    ``data=True``: every call also takes ``data=`` (a tuple: one int32/int64 or bool array per data
-    slot, as ``program_call(data=True)``); ``lr=True``: it takes ``lr=``, the learning rate of this
-    step (a scalar in the program's dtype: an optax schedule's value), in place of the optimizer's.
-    Momentum SGD's state is ``SGDState(count, trace)``.
+    Args:
+        program: A captured tapegrad ``Program`` (backend "native" or "numpy") with an optimizer
+            attached (``program.attach(optimizer)``).
+        flat: ``step(state, inputs) -> (loss, state)`` with the whole state in one vector
+            ``[params | opt_state | count]`` (``episode_state(program, flat=True)``; name it with
+            ``unflatten_state``). One donated operand instead of 2·#params+1 costs XLA less per
+            call (``jax.jit(step, donate_argnums=0)``).
+        native: None (the default): the FFI handler when the program is native and a C compiler
+            exists, else the zero-copy host callback; True or False forces one.
+        data: Every call also takes ``data=``, a tuple of one int32/int64 or bool array per data
+            slot, as ``program_call(data=True)``.
+        lr: Every call also takes ``lr=``, the learning rate of this step (a scalar in the
+            program's dtype: an optax schedule's value), in place of the optimizer's.
+
+    Returns:
+        ``step(params, opt_state, inputs) -> (loss, params, opt_state)`` (with ``data``/``lr``:
+        keyword arguments of the same names). ``step.positional(params, moments, count, inputs,
+        data=(), lr=None, steps=None)`` is the same call on positional tuples (``moments``:
+        ``[mu_0, nu_0, …]``); ``steps=K`` runs K steps in one call, inputs, data and lr holding one
+        block per step on a leading axis, and returns K losses.
+
+    Raises:
+        ProgramError: If no optimizer is attached, the program was captured with backend "cupy",
+            or ``native=True`` for a program that is not native or where the FFI handler cannot be
+            built.
+
+    Examples:
+        >>> import numpy as np, jax, tapegrad as tg, interop
+        >>> tape = tg.Tape(); w = tape.param(np.ones(2), name="w")
+        >>> opt = tg.SGD(0.25); _ = opt.add(tape, w)
+        >>> prog = tg.capture(tape, (w * w).sum(), dtype="float32")
+        >>> prog.attach(opt)
+        >>> step = jax.jit(interop.program_episode(prog), donate_argnums=(0, 1))
+        >>> params, opt_state = interop.episode_state(prog)
+        >>> inputs = interop.program_inputs(prog)
+        >>> loss, params, opt_state = step(params, opt_state, inputs)
+        >>> float(loss), params["w"].tolist(), int(opt_state.count)
+        (2.0, [0.5, 0.5], 1)
     """
     if program.opt is None:
         raise ProgramError("program_episode: attach an optimizer first (program.attach(optimizer))")
@@ -661,8 +719,12 @@ def _count_host(buf, value=None):
 
 
 class SGDState(NamedTuple):
-    """The episode state of a program whose optimizer is SGD: its step counter (int32, 0-d) and, with
-    momentum, its trace (a dict keyed like ``params``; None without momentum)."""
+    """The episode state of a program whose optimizer is SGD.
+
+    Attributes:
+        count: The step counter, an int32 0-d array.
+        trace: With momentum, the trace: a dict keyed like ``params``; None without momentum.
+    """
     count: Any
     trace: Any = None
 
@@ -736,7 +798,26 @@ def _positional(program, who, params, opt_state):
 
 
 def unflatten_state(program: Program, state: Any) -> tuple[dict[str, Any], Any]:
-    """Name a flat episode state ``[params | opt_state | count]``: ``(params, opt_state)`` as ``episode_state``."""
+    """Name a flat episode state ``[params | opt_state | count]``, as ``episode_state`` names it.
+
+    Args:
+        program: The program whose ``program_episode(flat=True)`` the state is of.
+        state: The flat state vector.
+
+    Returns:
+        ``(params, opt_state)``, as ``episode_state(program)`` gives them.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg, interop
+        >>> tape = tg.Tape(); w = tape.param(np.ones(2), name="w")
+        >>> opt = tg.SGD(0.1); _ = opt.add(tape, w)
+        >>> prog = tg.capture(tape, (w * w).sum(), dtype="float32")
+        >>> prog.attach(opt)
+        >>> flat = interop.episode_state(prog, flat=True)
+        >>> params, opt_state = interop.unflatten_state(prog, flat)
+        >>> params["w"].tolist(), int(opt_state.count)
+        ([1.0, 1.0], 0)
+    """
     sig = _Sig(program)
     parts = jnp.split(jnp.asarray(state), np.cumsum(_flat_sizes(program))[:-1].tolist())
     arrays = [a.reshape(sh) for a, sh in zip(parts, sig.params + sig.state + [()])]
@@ -745,7 +826,29 @@ def unflatten_state(program: Program, state: Any) -> tuple[dict[str, Any], Any]:
 
 
 def flatten_state(program: Program, params: Mapping[str, Any], opt_state: Any) -> Any:
-    """The flat vector ``[params | opt_state | count]`` of a named state (``unflatten_state``'s inverse)."""
+    """The flat vector ``[params | opt_state | count]`` of a named state (``unflatten_state``'s inverse).
+
+    Args:
+        program: The program, its optimizer attached.
+        params: The parameters by name, as ``episode_state`` gives them.
+        opt_state: The optimizer state, as ``episode_state`` gives it.
+
+    Returns:
+        A JAX vector in the program's dtype (a float32 program's count travels as int32's bits).
+
+    Raises:
+        ProgramError: If ``params`` or the state's moments lack a name or have one too many, or an
+            array's shape or dtype is not the program's, or ``opt_state`` has no ``count`` field.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg, interop
+        >>> tape = tg.Tape(); w = tape.param(np.ones(2), name="w")
+        >>> opt = tg.Adam(0.1); _ = opt.add(tape, w)
+        >>> prog = tg.capture(tape, (w * w).sum(), dtype="float32")
+        >>> prog.attach(opt)
+        >>> interop.flatten_state(prog, *interop.episode_state(prog)).shape
+        (7,)
+    """
     p, st, count = _positional(program, "flatten_state", params, opt_state)
     return jnp.concatenate([jnp.ravel(jnp.asarray(a, program.dtype)) for a in p + st]
                            + [jnp.reshape(count_operand(count, np.dtype(program.dtype)), (1,))])
@@ -754,21 +857,32 @@ def flatten_state(program: Program, params: Mapping[str, Any], opt_state: Any) -
 def episode_state(program: Program, flat: bool = False) -> Any:
     """The program's current episode state as JAX arrays (copies), named and shaped as optax's.
 
-    Returns ``(params, opt_state)``: ``params`` is ``{name: array}`` over every parameter (names
-    from ``tape.param(..., name=)``, else ``param_<k>``); for Adam ``opt_state`` is an
-    ``optax.ScaleByAdamState(count, mu, nu)`` whose ``mu``/``nu`` are dicts keyed by the optimizer's
-    parameter names, for SGD an ``SGDState(count)``; ``count`` is an int32 0-d array. With
-    ``optax.adam`` over all parameters, ``(opt_state, optax.EmptyState())`` is optax's own state.
+    With ``optax.adam`` over all parameters, ``(opt_state, optax.EmptyState())`` is optax's own
+    state.
 
-    ``flat=True``: one vector ``[params | opt_state | count]`` for ``program_episode(flat=True)``.
+    Args:
+        program: The program, its optimizer attached.
+        flat: Return one vector ``[params | opt_state | count]``, for
+            ``program_episode(flat=True)``.
 
-    >>> import numpy as np, tapegrad as tg, interop
-    >>> tape = tg.Tape(); w = tape.param(np.ones(2), name="w")
-    >>> opt = tg.Adam(0.1); _ = opt.add(tape, w)
-    >>> prog = tg.capture(tape, (w * w).sum()); prog.attach(opt)
-    >>> params, opt_state = interop.episode_state(prog)
-    >>> list(params), list(opt_state.mu), opt_state.count.dtype
-    (['w'], ['w'], dtype('int32'))
+    Returns:
+        ``(params, opt_state)``: ``params`` is ``{name: array}`` over every parameter (names from
+        ``tape.param(..., name=)``, else ``param_<k>``); for Adam ``opt_state`` is an
+        ``optax.ScaleByAdamState(count, mu, nu)`` whose ``mu``/``nu`` are dicts keyed by the
+        optimizer's parameter names, for SGD an ``SGDState(count)``; ``count`` is an int32 0-d
+        array. With ``flat``: the flat vector.
+
+    Raises:
+        ProgramError: If no optimizer is attached.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg, interop
+        >>> tape = tg.Tape(); w = tape.param(np.ones(2), name="w")
+        >>> opt = tg.Adam(0.1); _ = opt.add(tape, w)
+        >>> prog = tg.capture(tape, (w * w).sum()); prog.attach(opt)
+        >>> params, opt_state = interop.episode_state(prog)
+        >>> list(params), list(opt_state.mu), opt_state.count.dtype
+        (['w'], ['w'], dtype('int32'))
     """
     if program.opt is None:
         raise ProgramError("episode_state: attach an optimizer first (program.attach(optimizer))")
@@ -782,5 +896,20 @@ def episode_state(program: Program, flat: bool = False) -> Any:
 
 
 def program_inputs(program: Program) -> tuple[Any, ...]:
-    """The program's current constant values (copies), in registration order: ``inputs`` for a call."""
+    """The program's current constant values (copies), in registration order: ``inputs`` for a call.
+
+    Args:
+        program: The program.
+
+    Returns:
+        A tuple of JAX arrays, one per constant of the program.
+
+    Examples:
+        >>> import numpy as np, tapegrad as tg, interop
+        >>> tape = tg.Tape(); w = tape.param(np.ones(2))
+        >>> x = tape.const(np.array([3.0, 4.0]))
+        >>> prog = tg.capture(tape, (w * x).sum())
+        >>> [a.tolist() for a in interop.program_inputs(prog)]
+        [[3.0, 4.0]]
+    """
     return tuple(jnp.array(program.val[k]) for k in program.consts)

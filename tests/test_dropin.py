@@ -203,14 +203,23 @@ def test_step_scan_over_zero_steps_is_lax_scan_s():
 
 # ── refusals that teach ──────────────────────────────────────────────────────
 
-def test_bf16_compute_is_refused_naming_the_equation_and_the_dtype():
-    class Mixed(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            return nn.Dense(4, dtype=jnp.bfloat16)(x)   # float32 parameters, bfloat16 compute
+class BF16MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):   # float32 parameters, bfloat16 compute: the standard mixed-precision setup
+        return nn.Dense(4, dtype=jnp.bfloat16)(nn.relu(nn.Dense(8, dtype=jnp.bfloat16)(x)))
+
+
+class BF16Encoder(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.MultiHeadDotProductAttention(num_heads=2, dtype=jnp.bfloat16)(x)
+        return nn.LayerNorm(dtype=jnp.bfloat16)(x + h)
+
+
+@pytest.mark.parametrize("model, shape", [(BF16MLP(), (3, 5)), (BF16Encoder(), (2, 4, 8))], ids=["mlp", "encoder"])
+def test_bf16_compute_is_refused_naming_the_equation_and_the_dtype(model, shape):
     with jax.enable_x64(False):
-        model = Mixed()
-        x = jnp.ones((3, 5))
+        x = jnp.ones(shape)
         params = model.init(jax.random.key(0), x)["params"]
         loss = lambda p, x: jnp.sum(model.apply({"params": p}, x).astype(jnp.float32) ** 2)   # noqa: E731
         with pytest.raises(CaptureError, match=r"equation \d+ \(.*bf16.*\).* computes in bfloat16, which the "

@@ -66,7 +66,7 @@ def prologue(dtype, blas_bits=32, small_mm=0):
         f"#define RLOG log{suf}",
         f"#define RFMA fma{suf}",
         f"#define RFABS fabs{suf}",
-        "#define TG_FN static __attribute__((unused))",
+        "#define TG_FN static __attribute__((unused, noinline))",
         f"#define TG_FIRST {FIRST}",
         f"typedef {'long long' if blas_bits == 64 else 'int'} tg_bint;   /* the BLAS integer */",
         f"#define TG_MM_SMALL {int(small_mm)}L   /* products of at most this many multiply-adds skip BLAS */",
@@ -133,10 +133,14 @@ class Emitter:
     def function(self, name, body):
         body = self.named(body)
         used = sorted({tok for line in body for tok in _ptr_names(line)}, key=_ptr_key)
-        decl = [f"    {self.ctype(n)} *restrict {n} = ({self.ctype(n)} *)TG_B({self._index(n)});"
-                if self.ctype(n) != "real" else f"    real *restrict {n} = TG_B({self._index(n)});" for n in used]
-        return [f"void {name}(void *ctx)", "{", "    void **T = (void **)ctx;", "    tg_cur = T;"] + decl + \
-            ["    " + line for line in body] + ["}", ""]
+        # each buffer's pointer is read from the table where it is used, not held in a local from the top:
+        # a thousand pointers live across a whole function made GCC's register allocation superlinear
+        # (an encoder of 8 layers compiled in 3x the time). Kernels and runtime functions stay calls
+        # (noinline, TG_FN) for the same reason; both measured as fast per episode.
+        decl = [f"#define {n} (({self.ctype(n)} *)TG_B({self._index(n)}))"
+                if self.ctype(n) != "real" else f"#define {n} TG_B({self._index(n)})" for n in used]
+        return decl + [f"void {name}(void *ctx)", "{", "    void **T = (void **)ctx;", "    tg_cur = T;"] + \
+            ["    " + line for line in body] + ["}"] + [f"#undef {n}" for n in used] + [""]
 
     def named(self, lines):
         """``lines`` with every view's buffer name replaced by its root's."""
@@ -262,7 +266,7 @@ class Emitter:
         body = self.loop(os_, stmts)
         used = sorted({tok for line in body for tok in _ptr_names(line)}, key=_ptr_key)
         params = ", ".join(f"{self.ctype(n)} *restrict {n}" for n in used)
-        self.helpers += [f"static void {name}({params})", "{"] + ["    " + ln for ln in body] + ["}", ""]
+        self.helpers += [f"static __attribute__((noinline)) void {name}({params})", "{"] + ["    " + ln for ln in body] + ["}", ""]
         return [f"{name}({', '.join(used)});"]
 
     def cuda_kernel(self, name, os_, stmts):

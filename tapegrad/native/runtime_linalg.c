@@ -82,10 +82,12 @@ TG_FN void tg_la_gemm(void **T, int ta, int tb, real alpha, const real *a, const
 /* zero the entries of a row-major n×n c outside the triangle a solve reads (ops.linalg.trisolve_da). */
 TG_FN void tg_la_keep_triangle(real *c, long n, int lower, int unit)
 {
-    for (long i = 0; i < n; i++)
-        for (long j = 0; j < n; j++)
-            if ((lower ? j > i : j < i) || (unit && i == j))
-                c[i * n + j] = R(0.0);
+    /* each row's zeros as one range: a conditional store per element became a masked store */
+    for (long i = 0; i < n; i++) {
+        const long lo = lower ? i + !unit : 0, hi = lower ? n : i + (unit != 0);
+        for (long j = lo; j < hi; j++)
+            c[i * n + j] = R(0.0);
+    }
 }
 
 TG_FN void tg_la_nan(real *x, long n)

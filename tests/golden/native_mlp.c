@@ -8,7 +8,7 @@ typedef long long tg_rint;   /* the integer of real's width */
 #define RLOG log
 #define RFMA fma
 #define RFABS fabs
-#define TG_FN static __attribute__((unused))
+#define TG_FN static __attribute__((unused, noinline))
 #define TG_FIRST 8
 typedef int tg_bint;   /* the BLAS integer */
 #define TG_MM_SMALL 0L   /* products of at most this many multiply-adds skip BLAS */
@@ -18,7 +18,7 @@ typedef real (*tg_dot_t)(tg_bint *, real *, tg_bint *, real *, tg_bint *);
 /* … runtime.c … */
 
 
-static void tg_f5(real *restrict v1, real *restrict v3, real *restrict v4, real *restrict v5, real *restrict v6, real *restrict v7, real *restrict v8)
+static __attribute__((noinline)) void tg_f5(real *restrict v1, real *restrict v3, real *restrict v4, real *restrict v5, real *restrict v6, real *restrict v7, real *restrict v8)
 {
     for (long i0 = 0; i0 < 5L; i0++) {
         for (long i1 = 0; i1 < 4L; i1++) {
@@ -35,7 +35,7 @@ static void tg_f5(real *restrict v1, real *restrict v3, real *restrict v4, real 
     }
 }
 
-static void tg_b8(real *restrict v5, real *restrict v7, real *restrict g4, real *restrict g5, real *restrict g6, real *restrict g7, real *restrict g8)
+static __attribute__((noinline)) void tg_b8(real *restrict v5, real *restrict v7, real *restrict g4, real *restrict g5, real *restrict g6, real *restrict g7, real *restrict g8)
 {
     for (long i = 0; i < 20L; i++) {
         g7[i] = (g8[i] * (2.0 * v7[i]));
@@ -46,41 +46,51 @@ static void tg_b8(real *restrict v5, real *restrict v7, real *restrict g4, real 
     }
 }
 
+#define v0 TG_B(0)
+#define v1 TG_B(1)
+#define v2 TG_B(2)
+#define v3 TG_B(3)
+#define v4 TG_B(4)
+#define v5 TG_B(5)
+#define v6 TG_B(6)
+#define v7 TG_B(7)
+#define v8 TG_B(8)
+#define v9 TG_B(9)
 void tg_forward(void *ctx)
 {
     void **T = (void **)ctx;
     tg_cur = T;
-    real *restrict v0 = TG_B(0);
-    real *restrict v1 = TG_B(1);
-    real *restrict v2 = TG_B(2);
-    real *restrict v3 = TG_B(3);
-    real *restrict v4 = TG_B(4);
-    real *restrict v5 = TG_B(5);
-    real *restrict v6 = TG_B(6);
-    real *restrict v7 = TG_B(7);
-    real *restrict v8 = TG_B(8);
-    real *restrict v9 = TG_B(9);
     tg_mm((tg_gemm_t)T[0], 0, 0, 5, 4, 3, v2, v0, v4);
     tg_f5(v1, v3, v4, v5, v6, v7, v8);
     { static const long sh[] = {5, 4}; static const unsigned char rd[] = {1, 1}; tg_reduce(0, v8, v9, 2, sh, rd); }
     for (long i = 0; i < 1L; i++) v9[i] = v9[i] / 20.0;
 }
+#undef v0
+#undef v1
+#undef v2
+#undef v3
+#undef v4
+#undef v5
+#undef v6
+#undef v7
+#undef v8
+#undef v9
 
+#define v2 TG_B(2)
+#define v5 TG_B(5)
+#define v7 TG_B(7)
+#define g0 TG_B(10)
+#define g1 TG_B(11)
+#define g4 TG_B(12)
+#define g5 TG_B(13)
+#define g6 TG_B(14)
+#define g7 TG_B(15)
+#define g8 TG_B(16)
+#define g9 TG_B(17)
 void tg_backward(void *ctx)
 {
     void **T = (void **)ctx;
     tg_cur = T;
-    real *restrict v2 = TG_B(2);
-    real *restrict v5 = TG_B(5);
-    real *restrict v7 = TG_B(7);
-    real *restrict g0 = TG_B(10);
-    real *restrict g1 = TG_B(11);
-    real *restrict g4 = TG_B(12);
-    real *restrict g5 = TG_B(13);
-    real *restrict g6 = TG_B(14);
-    real *restrict g7 = TG_B(15);
-    real *restrict g8 = TG_B(16);
-    real *restrict g9 = TG_B(17);
     for (long i = 0; i < 1L; i++) g9[i] = 1.0;
     { static const long sh[] = {5, 4}; static const long st[] = {0, 0}; tg_gather(g8, g9, 2, sh, st); }
     for (long i = 0; i < 20L; i++) g8[i] = g8[i] / 20.0;
@@ -88,6 +98,17 @@ void tg_backward(void *ctx)
     { static const long sh[] = {5, 4}; static const unsigned char rd[] = {1, 0}; tg_reduce(0, g5, g1, 2, sh, rd); }
     tg_mm((tg_gemm_t)T[0], 1, 0, 3, 4, 5, v2, g4, g0);
 }
+#undef v2
+#undef v5
+#undef v7
+#undef g0
+#undef g1
+#undef g4
+#undef g5
+#undef g6
+#undef g7
+#undef g8
+#undef g9
 
 void tg_step(void *ctx)
 {

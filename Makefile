@@ -60,23 +60,23 @@ mutants: $(MSTAMP)
 BENCH_ENV := env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE
 
 bench: $(STAMP)
-	$(BENCH_ENV) $(BIN)/python experiments/bench_eager.py
-	$(BENCH_ENV) $(BIN)/python experiments/bench_capture.py
-	$(BENCH_ENV) $(BIN)/python experiments/bench_models.py
-	$(BENCH_ENV) $(BIN)/python experiments/bench_linalg.py
-	$(BENCH_ENV) $(BIN)/python experiments/bench_interop.py
-	$(BENCH_ENV) $(BIN)/python experiments/bench_oracle.py
-	$(BENCH_ENV) $(BIN)/python experiments/bench_gemm.py
-	$(BENCH_ENV) $(BIN)/python experiments/emit_logreg.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench/bench_eager.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench/bench_capture.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench/bench_models.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench/bench_linalg.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench/bench_interop.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench/bench_oracle.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench/bench_gemm.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench/emit_logreg.py
 
 # The research experiments (README "Experiments"): tables and plots into experiments/out/.
 experiments: $(STAMP)
-	$(BENCH_ENV) $(BIN)/python experiments/transformer.py
-	$(BENCH_ENV) $(BIN)/python experiments/reproducibility.py
-	$(BENCH_ENV) $(BIN)/python experiments/fusion_study.py
-	$(BENCH_ENV) $(BIN)/python experiments/finetune_memory.py
-	$(BENCH_ENV) $(BIN)/python experiments/data_parallel.py
-	$(BENCH_ENV) $(BIN)/python experiments/bench_peers.py
+	$(BENCH_ENV) $(BIN)/python experiments/studies/transformer.py
+	$(BENCH_ENV) $(BIN)/python experiments/studies/reproducibility.py
+	$(BENCH_ENV) $(BIN)/python experiments/studies/fusion_study.py
+	$(BENCH_ENV) $(BIN)/python experiments/studies/finetune_memory.py
+	$(BENCH_ENV) $(BIN)/python experiments/studies/data_parallel.py
+	$(BENCH_ENV) $(BIN)/python experiments/bench/bench_peers.py
 
 clean:
 	rm -rf $(VENV) site experiments/out/*.png experiments/out/*.md

@@ -19,26 +19,26 @@ operand pattern plus six composites), it
      must again be bit-exact, elsewhere the ulp distance is reported and ``device_close`` is asserted;
    - the C body shows what contraction does: the count of inputs whose result differs from the tape.
 
-6. (``gpu_ops_check.py``) runs the index and scan families' kernels and slice's, concat's, max/min/prod's
-   (every registry case of take, take_along_axis, index_add, index_set, the dynamic slices, cumsum,
-   cumprod, cummax, sort, slice, concat, max, min, prod, softmax, logsoftmax, logsumexp, lgamma, digamma)
-   forward and backward on the device: every value and gradient == the native CPU program (the libm-tier
-   ones within rtol 1e-12, lgamma within its registry ``ulps`` bound: the device's exp/log/lgamma).
+6. (``experiments/gpu/gpu_ops_check.py``) runs the index and scan families' kernels and slice's, concat's,
+   max/min/prod's (every registry case of take, take_along_axis, index_add, index_set, the dynamic slices,
+   cumsum, cumprod, cummax, sort, slice, concat, max, min, prod, softmax, logsoftmax, logsumexp, lgamma,
+   digamma) forward and backward on the device: every value and gradient == the native CPU program (the
+   libm-tier ones within rtol 1e-12, lgamma within its registry ``ulps`` bound: the device's exp/log/lgamma).
    The same for conv, max_pool and sum_pool: pooling == native, conv (a serial dot per element against the
    native program's BLAS GEMMs) within the "blas" bound, 16 ulp of max|native|; and for the linear-algebra
    family (cholesky, triangular_solve, solve, logdet, logabsdet, det_sign: serial per matrix against the
    native program's LAPACK calls), within the same bound.
 
-5. (``gpu_handler_check.py``) runs the GPU custom call's C handler ``tg_gpu_episode`` on the device with
-   a driver executable in XLA's place (its own buffers, stream and call frames): the episodes it runs
-   == the ordered CPU tape, the pointer table is restored, µs per call beside the bare graph replay.
-   It needs jax's ``c_api.h`` (an installed jax, or ``--ffi-include DIR``) and gcc; without them it says so.
+5. (``experiments/gpu/gpu_handler_check.py``) runs the GPU custom call's C handler ``tg_gpu_episode`` on the
+   device with a driver executable in XLA's place (its own buffers, stream and call frames): the episodes it
+   runs == the ordered CPU tape, the pointer table is restored, µs per call beside the bare graph replay. It
+   needs jax's ``c_api.h`` (an installed jax, or ``--ffi-include DIR``) and gcc; without them it says so.
 
-4. (``gpu_programs.py``) builds the generated CUDA program of an MLP training episode (Adam, mse; sizes
-   tiny…large) into an executable per variant and checks: ordered GPU program == the ordered CPU tape,
-   fused == per-node, the cuBLAS-GEMM program within rtol 1e-10 of the native CPU backend; it reports
-   launches per episode and µs per episode launched kernel by kernel, fused, and replayed as one CUDA
-   graph, beside ``jax.jit(value_and_grad + optax.adam)`` when a GPU jax is installed.
+4. (``experiments/gpu/gpu_programs.py``) builds the generated CUDA program of an MLP training episode (Adam,
+   mse; sizes tiny…large) into an executable per variant and checks: ordered GPU program == the ordered CPU
+   tape, fused == per-node, the cuBLAS-GEMM program within rtol 1e-10 of the native CPU backend; it reports
+   launches per episode and µs per episode launched kernel by kernel, fused, and replayed as one CUDA graph,
+   beside ``jax.jit(value_and_grad + optax.adam)`` when a GPU jax is installed.
 
 Launch mechanism: nvcc builds a plain executable (CUDA runtime, ``<<<>>>``), fed and read through binary
 files, so no Python GPU package is needed — only nvcc and the driver, both on the lent H200 machine.
@@ -79,7 +79,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import test_emit as T  # noqa: E402  (the oracle's programs, sampler, tape recorder and libm call table)
-sys.path.insert(0, str(ROOT / "experiments"))
+sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
 import gpu_programs as GP  # noqa: E402  (the captured MLP program's CUDA source on the device)
 import gpu_handler_check as GH  # noqa: E402  (the GPU custom call's C handler on the device, XLA played by a driver)
 import gpu_ops_check as GO  # noqa: E402  (the index and scan families' kernels on the device)

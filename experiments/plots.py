@@ -25,11 +25,18 @@ def dump(out_dir, name, data):
         json.dump(data, f, indent=1)
 
 
+def script(name):
+    """The experiment ``name`` as it is run from the repository root: ``experiments/<group>/<name>.py``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    groups = [g for g in sorted(os.listdir(here)) if os.path.isfile(os.path.join(here, g, name + ".py"))]
+    return "/".join(["experiments", *groups[:1], name + ".py"])
+
+
 def load(out_dir, name):
     """The measurements a run saved as ``name``.json in ``out_dir``; a clear error when there are none."""
     path = os.path.join(out_dir, name + ".json")
     if not os.path.exists(path):
-        raise SystemExit(f"--plot-only: no saved measurements at {path}; run `python experiments/{name}.py` "
+        raise SystemExit(f"--plot-only: no saved measurements at {path}; run `python {script(name)}` "
                          f"(with the same --out) once first")
     with open(path) as f:
         return json.load(f)

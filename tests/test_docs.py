@@ -71,7 +71,7 @@ def test_the_docs_state_requirements_and_every_environment_variable():
 
 
 def test_the_op_table_is_generated_from_the_registry():
-    assert generated("ops.md", "ops") == O.markdown_table(), "run: python experiments/readme_ops.py"
+    assert generated("ops.md", "ops") == O.markdown_table(), "run: python tools/readme_ops.py"
 
 
 def _gpu():

@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))
+EXPERIMENTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments")
+sys.path[:0] = [os.path.join(EXPERIMENTS, "studies"), os.path.join(EXPERIMENTS, "bench"), EXPERIMENTS]
 pytest.importorskip("interop")
 
 
@@ -101,7 +102,7 @@ def test_bench_peers_measures_every_installed_system(tmp_path):
 def test_plot_only_without_saved_measurements_says_what_to_run(tmp_path):
     import bench_peers
     with pytest.raises(SystemExit, match=r"no saved measurements at .*bench_peers\.json; run `python "
-                                         r"experiments/bench_peers\.py` \(with the same --out\) once first"):
+                                         r"experiments/bench/bench_peers\.py` \(with the same --out\) once first"):
         bench_peers.main(["--plot-only", "--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())                           # and wrote nothing
 

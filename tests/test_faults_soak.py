@@ -1,5 +1,5 @@
 """The soak in quick mode (1/20 of the steps): resident memory and open file descriptors stay flat in every
-loop a user repeats. The full figures come from ``python experiments/soak.py`` (docs/reliability.md)."""
+loop a user repeats. The full figures come from ``python experiments/studies/soak.py`` (docs/reliability.md)."""
 import os
 import subprocess
 import sys
@@ -9,7 +9,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_quick_soak_is_flat():
     env = {**os.environ, "PYTHONPATH": ROOT}
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "soak.py"), "--quick"], env=env,
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "studies", "soak.py"), "--quick"], env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and not line.startswith("| loop")]

@@ -11,7 +11,7 @@ SECTION = text("oracle.md")
 
 
 def test_primitive_table_is_generated_from_the_rules():
-    assert generated("oracle.md", "oracle") == oracle.primitive_table(), "run: python experiments/readme_ops.py"
+    assert generated("oracle.md", "oracle") == oracle.primitive_table(), "run: python tools/readme_ops.py"
 
 
 def test_the_oracle_example_runs_and_prints_what_the_page_shows():

@@ -75,7 +75,7 @@ def test_the_train_step_speed_ups_are_the_benchmarks_page_s():
     table, row for row, copied, not measured again."""
     ours = [re.findall(r"([\d.]+)×", r) for r in section("README.md", "## Inside `jax.jit`").splitlines()
             if r.startswith("| ") and "×" in r]
-    page = [r.split(" | ") for r in section("benchmarks.md", "## Your JAX model (`experiments/bench_capture_jax.py`)")
+    page = [r.split(" | ") for r in section("benchmarks.md", "## Your JAX model (`experiments/bench/bench_capture_jax.py`)")
             .splitlines() if r.startswith("| flax ")]
     assert len(ours) == len(page) == 4
     for mine, row in zip(ours, page):
@@ -85,5 +85,5 @@ def test_the_train_step_speed_ups_are_the_benchmarks_page_s():
 def test_the_benchmark_rows_are_the_peers_experiments():
     """The README's table is a few rows of docs/experiments.md's peers table, copied, not measured again."""
     rows = [l for l in section("README.md", "## One benchmark").splitlines() if l.startswith("| ")]
-    peers = section("experiments.md", "## Peers (`python experiments/bench_peers.py`)").splitlines()
+    peers = section("experiments.md", "## Peers (`python experiments/bench/bench_peers.py`)").splitlines()
     assert len(rows) >= 4 and all(r in peers for r in rows), [r for r in rows if r not in peers]

@@ -1,6 +1,6 @@
 """The eager optimizers per parameter: registering n tensors lays the state out once (``Adam.add`` rebuilt
 every moment view per registration: 300 tensors took 7-19 s, 10,000 never finished; the time is measured in
-experiments/bench_optim_add.py), moments survive registrations after steps; and any exception a signal
+experiments/bench/bench_optim_add.py), moments survive registrations after steps; and any exception a signal
 handler raises mid-step (a timeout's alarm, not only Ctrl-C) leaves ``Adam.step`` all or nothing."""
 import os
 import signal

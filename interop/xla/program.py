@@ -165,7 +165,7 @@ def _reattached(program):
 
 
 # Inside the handler, products of at least SPLIT_PRODUCTS multiply-adds are split by rows over XLA's
-# intra-op thread pool, one single-threaded BLAS call per part (experiments/bench_interop.py, medium and
+# intra-op thread pool, one single-threaded BLAS call per part (experiments/bench/bench_interop.py, medium and
 # large). OpenBLAS starts its own threads from about 4·65536 multiply-adds (its GEMM_MULTITHREAD_THRESHOLD);
 # programs with a product above OPENBLAS_THREADED run with OpenBLAS single-threaded during the call.
 SPLIT_PRODUCTS = 1 << 20

@@ -37,7 +37,7 @@ from . import build, codegen, fuse, kernels
 
 # Products of at most this many multiply-adds run in the generated C's own kernel (tg_mm_small in
 # runtime.c), larger ones in BLAS. Measured on a 2-core Xeon (AVX-512) against OpenBLAS 0.3.31's Haswell
-# kernels, the ones it runs on AMD Zen and AVX2 Intel CPUs (experiments/bench_gemm.py): the C kernel is
+# kernels, the ones it runs on AMD Zen and AVX2 Intel CPUs (experiments/bench/bench_gemm.py): the C kernel is
 # 1.1-1.8x faster up to 32x32x32 and on narrow products (n = 4, 10) up to 64x10x128, at parity near
 # 64x128x64 and 0.6-0.8x beyond. OpenBLAS's SkylakeX-family kernels have their own small-matrix path
 # (~90 GFLOP/s at 32x32x16 on one core, 1.7x ours): there BLAS takes every product.
@@ -117,7 +117,7 @@ def _addr(a):
 
 
 # An optimizer update of at least this many parameters is split over the CPU's cores, on threads the
-# program starts for the step (inside jax.jit XLA's pool does it instead). experiments/bench_capture.py
+# program starts for the step (inside jax.jit XLA's pool does it instead). experiments/bench/bench_capture.py
 # measures the split at every size: it pays at 8.4M parameters (1.8x); at 26k starting threads costs more.
 SPLIT_UPDATES = 1 << 17
 

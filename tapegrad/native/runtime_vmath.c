@@ -238,7 +238,7 @@ TG_VFN float tg_log_f(float x)
 
 /* erf x in float: below |x| = 0.875, x + x·P(x²) with P ≈ erf(x)/x − 1 (degree 5 in x²); above,
  * 1 − e^(−x²)·Q(1/x) with Q ≈ erfc(x)·e^(x²) (degree 7 in 1/x). Both fitted here by least squares on
- * Chebyshev nodes weighted to relative error (experiments/fit_erf32.py), coefficients rounded to float.
+ * Chebyshev nodes weighted to relative error (experiments/studies/fit_erf32.py), coefficients rounded to float.
  * |x| is held at 4 (erf rounds to 1 from 3.92 on); the rounding of x² moves e^(−x²) by x²·2^-24 of itself,
  * far below an ulp of the result there. Within 2 ulp of the exact erf (1.75 measured near the split). */
 TG_VFN float tg_erf_f(float x)

@@ -20,7 +20,7 @@ from tapegrad import ops as O
 from tapegrad.gpu.host import PRELUDE
 from tapegrad.gpu.source import CudaProgram
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 LIBM_RTOL = 1e-12   # libm-tier ops on the device: CUDA's exp/log/tan are within 1-2 ulp of glibc's
 EPS = np.finfo(np.float64).eps
 sys.path.insert(0, str(ROOT / "tests"))

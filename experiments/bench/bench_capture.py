@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 import tapegrad as tg  # noqa: E402
 from bench_eager import numpy_step, side_by_side, tape_step  # noqa: E402
 from mlp import blas_kernel, cpu_model, data, init, jax_loss, tape_loss  # noqa: E402

@@ -10,7 +10,8 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 import tapegrad as tg  # noqa: E402
 from tapegrad import verify  # noqa: E402
 from tapegrad.blas import blas_core  # noqa: E402

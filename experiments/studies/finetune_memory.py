@@ -13,8 +13,8 @@ Each variant runs in a fresh process; the table gives the peak of NumPy memory t
 and the process's peak RSS. The trained adapters must be bit-identical across the variants. Writes
 experiments/out/finetune_memory.png and finetune_memory.md.
 
-    python experiments/finetune_memory.py          # n = 512, 1024, 2048, 4096
-    python experiments/finetune_memory.py --quick  # n = 256, 512 (the test suite)
+    python experiments/studies/finetune_memory.py          # n = 512, 1024, 2048, 4096
+    python experiments/studies/finetune_memory.py --quick  # n = 256, 512 (the test suite)
 """
 import json
 import os
@@ -25,7 +25,7 @@ import tempfile
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 from progress import bar, cpu_model, parser, save  # noqa: E402
 
 VARIANTS = ("eager constant", "eager + drop_consts", "lazy constant")

@@ -6,8 +6,8 @@ captured program, which must equal the tape bit for bit: per step the losses, th
 gradient difference between each pair, and µs per step. The text is the docstrings of a few
 standard-library modules. Writes experiments/out/transformer_{loss,grad}.png and transformer.md.
 
-    python experiments/transformer.py            # 200 steps (a minute or two on 2 cores)
-    python experiments/transformer.py --quick    # a few steps on a smaller model (the test suite)
+    python experiments/studies/transformer.py            # 200 steps (a minute or two on 2 cores)
+    python experiments/studies/transformer.py --quick    # a few steps on a smaller model (the test suite)
 """
 import os
 import sys
@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 import tapegrad as tg  # noqa: E402
 from mlp import blas_kernel  # noqa: E402
 from progress import bar, cpu_model, parser, save  # noqa: E402

@@ -7,7 +7,7 @@ time (the interpreter, NumPy's ufunc machinery and PyTorch's dispatcher run at d
 per cycle), but they are exact and repeatable where timings on a shared machine drift. PyTorch is
 counted where it is installed (it is not a dependency). Needs valgrind.
 
-    .venv/bin/python experiments/bench_instructions.py [--reps 100]
+    .venv/bin/python experiments/bench/bench_instructions.py [--reps 100]
 """
 import argparse
 import os

@@ -5,9 +5,9 @@ For each model: tape nodes per episode, kernels per episode unfused → fused (f
 µs per training episode (forward + backward + Adam) for each system, interleaved repeats, medians.
 Writes experiments/out/fusion_study.png, fusion_study.md, and the measurements as fusion_study.json.
 
-    python experiments/fusion_study.py           # a few minutes on 2 cores
-    python experiments/fusion_study.py --quick   # two small models, few repeats (the test suite)
-    python experiments/fusion_study.py --plot-only   # redraw from experiments/out/fusion_study.json
+    python experiments/studies/fusion_study.py           # a few minutes on 2 cores
+    python experiments/studies/fusion_study.py --quick   # two small models, few repeats (the test suite)
+    python experiments/studies/fusion_study.py --plot-only   # redraw from experiments/out/fusion_study.json
 """
 import os
 import sys
@@ -15,7 +15,8 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+# experiments/ (mlp, plots, progress) and the benchmarks whose steps it times the same way (bench_capture, bench_eager)
+sys.path[:0] = [HERE, os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "bench")]
 from bench_capture import jax_step, program_step  # noqa: E402
 from bench_eager import side_by_side  # noqa: E402
 from mlp import blas_kernel  # noqa: E402

@@ -11,7 +11,7 @@ same formula on the tensor tape (``X @ w + b`` over the whole batch) is the refe
 - time per example: the scalar tape (one episode per row), the tensor tape (one batched episode) and
   the emitted C.
 
-Run: ``.venv/bin/python experiments/emit_logreg.py`` (a few seconds; needs a C compiler).
+Run: ``.venv/bin/python experiments/bench/emit_logreg.py`` (a few seconds; needs a C compiler).
 """
 import ctypes
 import pathlib

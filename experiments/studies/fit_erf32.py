@@ -6,7 +6,7 @@ least squares on 4000 Chebyshev nodes, weighted to the relative error of erf(x)/
 and erfc; the coefficients are rounded to float32. Prints them as C literals and the largest error of the
 float evaluation (every step rounded to float32, as the C computes it) in ulps of the exact value.
 
-    python experiments/fit_erf32.py
+    python experiments/studies/fit_erf32.py
 """
 import numpy as np
 from scipy.special import erf, erfc

@@ -12,7 +12,7 @@
 
 All systems run in this one process, interleaved repeat by repeat (median): the ratios are the
 result. ``--quick`` for a smoke run, ``--sizes tiny,medium`` for a subset, ``--blas-threads 1`` to pin
-BLAS (threadpoolctl). Run: ``.venv/bin/python experiments/bench_interop.py``.
+BLAS (threadpoolctl). Run: ``.venv/bin/python experiments/bench/bench_interop.py``.
 """
 import argparse
 import os
@@ -20,7 +20,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 import interop  # noqa: E402
 import tapegrad as tg  # noqa: E402
 from bench_eager import side_by_side  # noqa: E402

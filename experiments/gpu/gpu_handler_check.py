@@ -22,8 +22,8 @@ import tapegrad as tg
 from tapegrad.gpu.source import CudaProgram
 from tapegrad.native import build as native_build
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "experiments"))
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "experiments" / "gpu"))
 import gpu_programs as GP  # noqa: E402  (the MLP, its CPU reference and the program driver's helpers)
 
 

@@ -15,7 +15,7 @@ oracle replays the inner ``jax.grad``'s own derivative steps, then differentiate
 
 ``--profile NAME`` prints cProfile's top entries (cumulative) of one cold call of case NAME, and the
 cold time split into the trace, JAX's compile-and-run, the replay and the rest.
-Run: ``.venv/bin/python experiments/bench_oracle_cold.py [--profile optax_muon_step]``; measured in one run.
+Run: ``.venv/bin/python experiments/bench/bench_oracle_cold.py [--profile optax_muon_step]``; measured in one run.
 """
 import argparse
 import cProfile
@@ -26,8 +26,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE), os.path.join(HERE, "..", "..", "tests")]   # itself, mlp, the cases
 
 from mlp import cpu_model  # noqa: E402
 import optax  # noqa: E402
@@ -104,7 +104,7 @@ def _measure(name, tx):
 
 def fresh(name):
     """The first check_grads in a new process (imports excluded: JAX's backend start-up included), s."""
-    code = (f"import sys, time; sys.argv = ['x']; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); "
+    code = (f"import sys, time; sys.argv = ['x']; sys.path.insert(0, {HERE!r}); "
             f"import bench_oracle_cold as B; f = B.lib._step(B.CASES[{name!r}]); a = B.args(); "
             f"t = time.perf_counter(); B.interop.check_grads(f, *a, argnums=0); print(time.perf_counter() - t)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

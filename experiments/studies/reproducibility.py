@@ -9,9 +9,9 @@ PyTorch eager where it is installed. Per step, each run's largest relative param
 the eager tape; at the end, which pairs are bit-identical. Writes experiments/out/reproducibility.png,
 reproducibility.md, and the measurements as reproducibility.json.
 
-    python experiments/reproducibility.py          # 100 steps
-    python experiments/reproducibility.py --quick  # 5 steps of a small MLP (the test suite)
-    python experiments/reproducibility.py --plot-only  # redraw from experiments/out/reproducibility.json
+    python experiments/studies/reproducibility.py          # 100 steps
+    python experiments/studies/reproducibility.py --quick  # 5 steps of a small MLP (the test suite)
+    python experiments/studies/reproducibility.py --plot-only  # redraw from experiments/out/reproducibility.json
 """
 import os
 import sys
@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 import tapegrad as tg  # noqa: E402
 from mlp import batches, blas_kernel, init, jax_loss, tape_loss  # noqa: E402
 from plots import add_plot_only, dump, load, pyplot  # noqa: E402

@@ -5,7 +5,7 @@ natively, and its value and gradient compared element by element with the tape's
 table: the largest ulp distance and the largest |Δ| / (eps · max(1, |tape|)) (which stays small where
 a result cancels to near zero, e.g. digamma near its root 1.4616…).
 
-    PYTHONPATH=$PWD python experiments/special_ulps.py
+    PYTHONPATH=$PWD python experiments/studies/special_ulps.py
 """
 import numpy as np
 

@@ -7,7 +7,7 @@ flags, runs episodes on the program's own buffers and prints the statements by c
 the ops each one runs. ``--dump FILE`` writes the uninstrumented C (to read its assembly:
 ``gcc -O3 -march=native -ffp-contract=off -fno-math-errno -S``).
 
-    python experiments/profile_native.py "MLP 64" --dtype float32 --top 15
+    python experiments/bench/profile_native.py "MLP 64" --dtype float32 --top 15
 """
 import argparse
 import ctypes
@@ -15,7 +15,8 @@ import os
 import re
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402

@@ -7,9 +7,9 @@ the same step written by hand in NumPy with no AD (the floor). Same model, same 
 interleaved repeats, medians. Writes experiments/out/bench_peers.png (one panel per size),
 bench_peers.md, and the measurements as bench_peers.json.
 
-    python experiments/bench_peers.py          # tiny, small, medium, large (several minutes)
-    python experiments/bench_peers.py --quick  # tiny and small, few repeats
-    python experiments/bench_peers.py --plot-only  # redraw the plot from experiments/out/bench_peers.json
+    python experiments/bench/bench_peers.py          # tiny, small, medium, large (several minutes)
+    python experiments/bench/bench_peers.py --quick  # tiny and small, few repeats
+    python experiments/bench/bench_peers.py --plot-only  # redraw the plot from experiments/out/bench_peers.json
 """
 import os
 import sys
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 from bench_capture import SIZES, jax_step, program_step  # noqa: E402
 from bench_eager import numpy_step, side_by_side, tape_step  # noqa: E402
 from mlp import blas_kernel, data, init  # noqa: E402

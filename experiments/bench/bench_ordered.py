@@ -9,7 +9,8 @@ import os
 import platform
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 import tapegrad as tg  # noqa: E402
 from bench_eager import side_by_side  # noqa: E402
 from mlp import blas_kernel, data, init, tape_loss  # noqa: E402

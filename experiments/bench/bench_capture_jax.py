@@ -39,7 +39,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 from bench_eager import timeit  # noqa: E402
 from mlp import blas_kernel, cpu_model  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Soak: long runs of every loop a user repeats, with resident memory and open file descriptors measured.
 
-    python experiments/soak.py            # the full soak (10,000 steps per loop; a few minutes on 2 cores)
-    python experiments/soak.py --quick    # 1/20 of the steps (what tests/test_faults_soak.py runs)
+    python experiments/studies/soak.py            # the full soak (10,000 steps per loop; a few minutes on 2 cores)
+    python experiments/studies/soak.py --quick    # 1/20 of the steps (what tests/test_faults_soak.py runs)
 
 Each loop runs a warm-up tenth first (at least 10 steps) (buffers, caches and JIT compilations reach their steady state),
 then the rest; growth is RSS at the end minus RSS after the warm-up. Prints a Markdown table and exits
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import tapegrad as tg  # noqa: E402
 
 

@@ -12,7 +12,7 @@ For every corpus entry (tests/test_oracle_corpus.py), measured back to back in o
                 over the whole gradient for a leaf at rounding level), and the relative error
                 of the central difference (JAX's default eps 1e-4) along a random direction against
                 ⟨jax.grad, v⟩ — the resolution a finite-difference check has.
-Run: ``.venv/bin/python experiments/bench_oracle.py`` (prints a Markdown table; a few minutes).
+Run: ``.venv/bin/python experiments/bench/bench_oracle.py`` (prints a Markdown table; a few minutes).
 """
 import os
 import statistics
@@ -21,7 +21,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), os.path.join(HERE, "..", "..", "tests")]   # mlp, the corpus
 
 import interop  # noqa: E402
 from interop import jax, jnp  # noqa: E402

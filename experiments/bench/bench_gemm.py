@@ -5,7 +5,7 @@ The products of the MLP benchmarks (forward ``A @ B``, backward ``G @ Bᵀ`` and
 product (best of interleaved repeats) and whether the two give the same bits. This is how
 ``tapegrad.native.runner.SMALL_GEMM`` was chosen; run it under another ``OPENBLAS_CORETYPE`` (e.g.
 ``Haswell``, the kernels OpenBLAS runs on AMD Zen and AVX2 Intel CPUs) to see that kernel family.
-Run: ``.venv/bin/python experiments/bench_gemm.py``.
+Run: ``.venv/bin/python experiments/bench/bench_gemm.py``.
 """
 import ctypes
 import os
@@ -13,7 +13,8 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 from mlp import blas_kernel, cpu_model  # noqa: E402
 from tapegrad.native import build, codegen, runner  # noqa: E402
 

@@ -13,13 +13,13 @@ the rows in one order and the mesh sums per-shard means in another (and XLA fuse
 fused multiply-adds). Throughput by processes × devices is measured honestly on whatever machine runs it
 (on 2 cores more processes only add communication).
 
-    python experiments/data_parallel.py           # 1, 2 processes × 1, 2 devices each; table + plot
-    python experiments/data_parallel.py --quick   # 2 processes × 2 devices, a few steps (the test suite)
-    python experiments/data_parallel.py --plot-only   # redraw from experiments/out/data_parallel.json
+    python experiments/studies/data_parallel.py           # 1, 2 processes × 1, 2 devices each; table + plot
+    python experiments/studies/data_parallel.py --quick   # 2 processes × 2 devices, a few steps (the test suite)
+    python experiments/studies/data_parallel.py --plot-only   # redraw from experiments/out/data_parallel.json
 
 On several hosts, run on each (same script, same data seed; host 0's address as coordinator):
 
-    python experiments/data_parallel.py --worker RANK --processes N --devices D --coordinator HOST0:PORT
+    python experiments/studies/data_parallel.py --worker RANK --processes N --devices D --coordinator HOST0:PORT
 """
 import json
 import os
@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path[:0] = [HERE, os.path.dirname(HERE)]   # its group's modules, then experiments/: mlp, plots, progress
 from mlp import batches  # noqa: E402
 from plots import add_plot_only, dump, load, pyplot  # noqa: E402
 from progress import bar, cpu_model, parser, save  # noqa: E402

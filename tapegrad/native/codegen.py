@@ -15,6 +15,7 @@ CUDA is another dialect of this source (``target="cuda"``): the same expressions
 body becoming a kernel body over the element index (``Emitter.elementwise_kernels``); the GPU backend
 will add cuBLAS calls and reductions that keep NumPy's order per thread.
 """
+import collections
 import math
 import os
 import re
@@ -81,18 +82,19 @@ _arr = kernels.c_array
 
 
 _LOCAL = re.compile(r"^const [a-z ]+ (\w+) = ")
+_WORD = re.compile(r"\b\w+\b")
 
 
 def _live(stmts):
     """A fused loop's statements without the locals nothing reads: a value kept in a register whose only
     reader does not use it going forward (``with_grad``'s gradient path) is not computed at all."""
     while True:
-        text = "\n".join(stmts)
-        dead = {m.group(1) for st in stmts if (m := _LOCAL.match(st))
-                and len(re.findall(rf"\b{m.group(1)}\b", text)) == 1}
+        uses = collections.Counter(_WORD.findall("\n".join(stmts)))
+        dead = {m.group(1) for st in stmts if (m := _LOCAL.match(st)) and uses[m.group(1)] == 1}
         if not dead:
             return stmts
         stmts = [st for st in stmts if not ((m := _LOCAL.match(st)) and m.group(1) in dead)]
+
 
 class Emitter:
     """Prints one program. ``buf`` maps ("v", k) / ("g", k) / ("S", j) to buffer-table indices."""

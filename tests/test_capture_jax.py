@@ -9,6 +9,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 import interop  # noqa: E402
+from pytree_rel import rel  # noqa: E402
 from interop import CaptureError  # noqa: E402
 
 BACKENDS = ("numpy", "native")
@@ -18,16 +19,6 @@ BACKENDS = ("numpy", "native")
 def x64():
     with jax.enable_x64(True):
         yield
-
-
-def rel(a, b):
-    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
-    assert len(la) == len(lb)
-    if not lb:
-        return 0.0
-    la, lb = [np.asarray(x) for x in la], [np.asarray(y) for y in lb]   # NumPy: no XLA compile per leaf
-    scale = max(float(np.max(np.abs(y), initial=0.0)) for y in lb) or 1.0
-    return max(float(np.max(np.abs(x - y), initial=0.0)) for x, y in zip(la, lb)) / scale
 
 
 def agree(vg, fn, args, bound=1e-12, argnums=0):

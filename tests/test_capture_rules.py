@@ -14,6 +14,7 @@ import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
 import interop  # noqa: E402
+from pytree_rel import rel  # noqa: E402
 from interop import CaptureError  # noqa: E402
 
 BACKENDS = ("numpy", "native")
@@ -23,20 +24,6 @@ BACKENDS = ("numpy", "native")
 def x64():
     with jax.enable_x64(True):
         yield
-
-
-def rel(a, b):
-    """max |a − b| over the largest finite |b|; the same inf or NaN on both sides is no difference."""
-    la, lb = [np.asarray(x) for x in jax.tree.leaves(a)], [np.asarray(y) for y in jax.tree.leaves(b)]
-    assert len(la) == len(lb) and all(x.shape == y.shape for x, y in zip(la, lb))
-    scale = max(float(np.max(np.abs(np.where(np.isfinite(y), y, 0.0)), initial=0.0)) for y in lb) or 1.0
-    worst = 0.0
-    for x, y in zip(la, lb):
-        same = (x == y) | (np.isnan(x) & np.isnan(y))
-        with np.errstate(invalid="ignore"):
-            d = np.where(same, 0.0, np.abs(x - y))
-        worst = max(worst, float(np.max(np.where(np.isnan(d), np.inf, d), initial=0.0)))
-    return worst / scale
 
 
 def same_as_jax(vg, fn, *args, bound=1e-12, argnums=0):

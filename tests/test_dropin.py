@@ -15,6 +15,7 @@ import optax  # noqa: E402
 import flax.linen as nn  # noqa: E402
 
 import interop  # noqa: E402
+from pytree_rel import rel  # noqa: E402
 from interop import CaptureError  # noqa: E402
 
 
@@ -22,13 +23,6 @@ from interop import CaptureError  # noqa: E402
 def x64():
     with jax.enable_x64(True):
         yield
-
-
-def rel(a, b):
-    la, lb = [np.asarray(x) for x in jax.tree.leaves(a)], [np.asarray(y) for y in jax.tree.leaves(b)]
-    assert len(la) == len(lb) and all(x.shape == y.shape for x, y in zip(la, lb))
-    scale = max(float(np.max(np.abs(y), initial=0.0)) for y in lb) or 1.0
-    return max(float(np.max(np.abs(x - y), initial=0.0)) for x, y in zip(la, lb)) / scale
 
 
 def digits(n, dtype=jnp.float64):

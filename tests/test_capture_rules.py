@@ -194,6 +194,13 @@ def test_library_functions_at_their_kinks_match_jax_grad(name):
     def loss(x, w):
         return jnp.sum(fn(x) * w)
     x = kinked_points()
+    if " lu " in str(jax.make_jaxpr(jax.grad(loss))(x, w)):
+        # jax 0.12.1's det: a custom_jvp whose tangent solves with the primal's LU (0.10's 2x2 det is a
+        # formula), which a program cannot keep for later calls: refused, naming lu and what to do
+        with pytest.raises(interop.UnsupportedPrimitiveError, match=r"equation \d+ \(.* = lu .*\) uses lu: .*train "
+                                                                    r"this function with jax.jit"):
+            interop.value_and_grad(loss, x, w, backend="numpy")
+        return
     vg = interop.value_and_grad(loss, x, w, backend="numpy")
     same_as_jax(vg, loss, x, w)
     same_as_jax(vg, loss, -x, w)

@@ -676,15 +676,29 @@ def _refuse_complex(p):
                                                           or missing(st.eqn.primitive.name))
            and not any(_is_complex(v.aval) for v in st.eqn.outvars) for _, st, _ in steps):
         return
-    found = [(k, st, v, s if top and isinstance(s, int) else None) for k, st, top in steps
-             for v, s in list(zip(st.eqn.invars, st.ins)) + [(v, None) for v in st.eqn.outvars] if _is_complex(v.aval)]
+    found = [(k, st, v) for k, st, top in steps
+             for v in list(st.eqn.invars) + list(st.eqn.outvars) if _is_complex(v.aval)]
+    if not found:
+        return
+    # a complex argument meets the path where a value made from it first enters a replayed step: directly
+    # (jax 0.10's `mul w z`), or through its parts (0.12.1 splits it: `real z`, `mul w c`, ..., `complex`)
     leaf_of = {s: i for i, s in enumerate(p.plan.in_slots)}
-    for k, st, v, s in found:
-        if s in leaf_of:
-            raise CheckGradsError(f"check_grads: {p.names[leaf_of[s]]} ({_typ(v.aval)}) meets the differentiated "
-                                  f"arguments at equation {k} ({summary(st.eqn)}): {_NO_COMPLEX}")
+    origin, aval = {}, {}
+    for st in p.plan.steps:
+        for v, s in zip(st.eqn.invars, st.ins):
+            if isinstance(s, int) and s in leaf_of and _is_complex(v.aval):
+                origin.setdefault(s, s)
+                aval.setdefault(s, v.aval)
+        src = next((origin[s] for s in st.ins if isinstance(s, int) and s in origin), None)
+        for s in st.outs if src is not None else ():
+            origin.setdefault(s, src)
+    for k, st, top in steps:
+        src = next((origin[s] for s in st.ins if top and isinstance(s, int) and s in origin), None)
+        if src is not None:
+            raise CheckGradsError(f"check_grads: {p.names[leaf_of[src]]} ({_typ(aval[src])}) meets the "
+                                  f"differentiated arguments at equation {k} ({summary(st.eqn)}): {_NO_COMPLEX}")
     if found:
-        k, st, v, _ = found[0]
+        k, st, v = found[0]
         raise CheckGradsError(f"check_grads: equation {k} ({summary(st.eqn)}) computes in {v.aval.dtype} on values "
                               f"that depend on the differentiated arguments; {_NO_COMPLEX}")
 

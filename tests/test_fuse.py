@@ -106,3 +106,24 @@ def test_cuda_dialect_of_the_same_segments_golden():
         path.write_text(text)
     assert "__dmul_rn" in text and "__dadd_rn" in text and "t7 * t7" not in text
     assert text == path.read_text(), f"{path} differs; review and regenerate with TAPEGRAD_REGEN_GOLDEN=1"
+
+
+def test_a_fused_local_nothing_reads_is_not_computed():
+    """with_grad reads its path only in the backward: in the fused forward loop the path's local has no
+    reader, so it is dropped (codegen._live) and its chain with it; the program still equals the tape."""
+    tape = tg.Tape()
+    x = tape.param(np.linspace(-1.0, 1.0, 12).reshape(3, 4))
+    scaled = x * 3.0
+    path = scaled + 1.0              # linear: its backward needs no value, so the loop keeps it in a local
+    y = tg.with_grad(x * x + 0.5, path)
+    loss = (y * y).sum()
+    tape.backward(loss)
+    prog = tg.capture(tape, loss, backend="native")
+    src = prog.runner.source
+    fwd = src[:src.index("void tg_forward(")]
+    kernels = [k for k in fwd.split("static __attribute__((noinline)) void ")[1:] if k.startswith("tg_f")]
+    assert kernels and all(f"t{path.id} =" not in k and f"t{scaled.id} =" not in k for k in kernels), fwd
+    assert any(f"t{y.id} =" in k or f"v{y.id}[i] =" in k for k in kernels), fwd
+    assert float(prog.forward()) == float(tape.value(loss))
+    prog.backward()
+    assert np.array_equal(prog.grad(x), tape.grad(x))

@@ -60,7 +60,7 @@ MODULES = {
     "fuse": ("tapegrad/native/fuse.py", ["tests/test_fuse.py", "tests/test_fuse_edges.py", "tests/test_native_reductions.py"]),
     "codegen": ("tapegrad/native/codegen.py", ["tests/test_native.py", "tests/test_fuse.py", "tests/test_emit.py",
                                                "tests/test_native_reductions.py", "tests/test_tape_sweep.py",
-                                               "tests/test_codegen_paths.py"]),
+                                               "tests/test_codegen_paths.py", "tests/test_native_views.py"]),
     "oracle": ("interop/oracle/check.py", ["tests/test_oracle_check_grads.py", "tests/test_interop_edges.py",
                                      "tests/test_oracle_reports.py"]),
     "program": ("interop/xla/program.py", ["tests/test_interop_program.py", "tests/test_interop_edges.py"]),

@@ -676,9 +676,9 @@ def _refuse_complex(p):
                                                           or missing(st.eqn.primitive.name))
            and not any(_is_complex(v.aval) for v in st.eqn.outvars) for _, st, _ in steps):
         return
-    found = [(k, st, v) for k, st, top in steps
-             for v in list(st.eqn.invars) + list(st.eqn.outvars) if _is_complex(v.aval)]
-    if not found:
+    first = next(((k, st, v) for k, st, _ in steps
+                  for v in list(st.eqn.invars) + list(st.eqn.outvars) if _is_complex(v.aval)), None)
+    if first is None:
         return
     # a complex argument meets the path where a value made from it first enters a replayed step: directly
     # (jax 0.10's `mul w z`), or through its parts (0.12.1 splits it: `real z`, `mul w c`, ..., `complex`)
@@ -697,10 +697,9 @@ def _refuse_complex(p):
         if src is not None:
             raise CheckGradsError(f"check_grads: {p.names[leaf_of[src]]} ({_typ(aval[src])}) meets the "
                                   f"differentiated arguments at equation {k} ({summary(st.eqn)}): {_NO_COMPLEX}")
-    if found:
-        k, st, v = found[0]
-        raise CheckGradsError(f"check_grads: equation {k} ({summary(st.eqn)}) computes in {v.aval.dtype} on values "
-                              f"that depend on the differentiated arguments; {_NO_COMPLEX}")
+    k, st, v = first
+    raise CheckGradsError(f"check_grads: equation {k} ({summary(st.eqn)}) computes in {v.aval.dtype} on values "
+                          f"that depend on the differentiated arguments; {_NO_COMPLEX}")
 
 
 def _custom_names(jx):

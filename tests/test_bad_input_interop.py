@@ -127,11 +127,11 @@ def test_program_call_argument_errors_name_the_slot():
     raises_cleanly(interop.ProgramError, r"program_episode: attach an optimizer first", lambda: interop.program_episode(prog))
 
 
-def reattach_model(backend):
+def reattach_model(backend, rows=5):
     rng = np.random.default_rng(0)
     tape = tg.Tape()
     w = tape.param(rng.standard_normal((4, 3)))
-    x = tape.const(rng.standard_normal((5, 4)))
+    x = tape.const(rng.standard_normal((rows, 4)))
     loss = (x @ w).tanh().sum()
     opt = tg.Adam(0.1)
     opt.add(tape, w)
@@ -166,7 +166,8 @@ def test_reattaching_an_optimizer_after_jit_uses_the_new_state():
 
 
 def test_reattaching_another_configuration_makes_old_executables_fail_loudly():
-    tape, w, p = reattach_model("native")
+    # a model of its own: no other program in the process has its hash (one that has serves the old entry)
+    tape, w, p = reattach_model("native", rows=7)
     step = jax.jit(interop.program_episode(p))
     step(*interop.episode_state(p), interop.program_inputs(p))
     other = tg.Adam(0.5)

@@ -37,6 +37,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _LOCK = threading.Lock()
 _LIB = {}
 _PINNED = {}       # hash64 -> what the native table points into (kept alive for the process)
+_LOADED = {}       # hash64 -> the programs loaded under it (captures of one function: any can serve the entry)
 TARGETS = ("value", "value_and_grad", "episode", "episode_flat")
 
 
@@ -138,6 +139,8 @@ def load(program: Program) -> int:
     if lib[0].tg_load(arr.ctypes.data) != 0:
         raise MemoryError("load: tg_load could not allocate its table entry")
     _PINNED[h] = (program, program.opt, program.runner)
+    if not any(p is program for p in _LOADED.setdefault(h, [])):
+        _LOADED[h].append(program)
     program.__dict__.setdefault("_ffi_hashes", set()).add(h)
     hooks = program.__dict__.setdefault("_attach_hooks", [])
     if _reattached not in hooks:
@@ -151,15 +154,21 @@ def _reattached(program):
     The entry under the program's hash is re-pointed at the new buffers (a jitted step keeps working,
     on the new state); entries under hashes the program no longer has (another optimizer config) are
     dropped, so executables traced for the old configuration fail with an error instead of running on
-    stale state.
+    stale state. An entry another program still serves under that hash (another capture of the same
+    function, a ``value_and_grad`` beside a ``train_step``) is re-pointed at it instead.
     """
     now = program.hash64
     hashes = program.__dict__.get("_ffi_hashes", set())
     for h in sorted(hashes):
         if h != now:
-            unload(h)
-            _PINNED.pop(h, None)
             hashes.discard(h)
+            others = [p for p in _LOADED.pop(h, []) if p is not program and p.hash64 == h]
+            if others:
+                _LOADED[h] = others
+                load(others[-1])
+            else:
+                unload(h)
+                _PINNED.pop(h, None)
     if now in hashes:
         load(program)
 

@@ -6,7 +6,8 @@
 - ``program_call(program)`` / ``program_episode(program)``: a captured native program as an XLA FFI
   custom call inside ``jax.jit`` (differentiable, batchable, per-shard under ``shard_map``).
 - ``capture_jax(fn, *args)`` / ``value_and_grad(fn, *args)`` / ``train_step(fn, params, *batch, optimizer=)``:
-  a JAX (flax, equinox, optax) loss as a native program, and its faces inside ``jax.jit``.
+  a JAX (flax, equinox, optax) loss as a native program, and its faces inside ``jax.jit``; captures are
+  shared across the process, as jit's compilations are (``clear_caches()`` forgets them).
 - ``check_grads(f, *args, argnums=…, has_aux=…)`` / ``assert_grads``: the gradient oracle — replay a
   JAX function's jaxpr on a tape and compare with ``jax.grad`` (a report, or an AssertionError).
 - ``optax_chain(opt)`` / ``compare_with_optax(...)``: tapegrad optimizers next to their optax twins.
@@ -35,11 +36,12 @@ from .xla import (CopyWarning, ProgramError, SGDState, TransformError, cupy_to_j
                   program_inputs, to_jax, unflatten_state)
 from .oracle import (CheckGradsError, Divergence, GradientMismatchError, GradReport, Kink, Precision, TracingError,
                      UnsupportedPrimitiveError, assert_grads, check_grads)
-from .capture import (CaptureError, Captured, ParityReport, TrainStep, ValueAndGrad, capture_jax, compare_with_optax,
-                      optax_chain, train_step, value_and_grad)
+from .capture import (CaptureError, Captured, ParityReport, TrainStep, ValueAndGrad, capture_jax, clear_caches,
+                      compare_with_optax, optax_chain, train_step, value_and_grad)
 
 __all__ = ["jax", "jnp", "CopyWarning", "to_jax", "from_jax", "cupy_to_jax", "jax_to_cupy", "preallocation_advice",
            "CaptureError", "Captured", "capture_jax", "value_and_grad", "train_step", "TrainStep", "ValueAndGrad",
+           "clear_caches",
            "TransformError", "jax_function", "Divergence", "GradReport", "Kink", "Precision",
            "UnsupportedPrimitiveError", "TracingError", "GradientMismatchError", "CheckGradsError", "check_grads",
            "assert_grads",

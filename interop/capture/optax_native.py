@@ -44,6 +44,13 @@ class NativeOptim:
             return tg.Adam(lr, self.b1, self.b2, self.eps, clip=self.clip, weight_decay=self.weight_decay)
         return tg.SGD(lr, self.momentum, self.nesterov, clip=self.clip)
 
+    def program_key(self, params):
+        """What the program runs of this optimizer: its settings (the learning rate unless a schedule,
+        evaluated by JAX, feeds it) and which parameters decay. Steps with equal keys share a capture."""
+        lr = None if self.schedule is not None else self.lr
+        return (self.kind, lr, self.clip, self.b1, self.b2, self.eps, self.weight_decay, self.momentum,
+                self.nesterov, tuple(self.decays(params)))
+
     def decays(self, params):
         """Per parameter leaf (in ``params``' leaf order): whether the weight decay applies."""
         leaves = jax.tree.leaves(params)

@@ -11,7 +11,13 @@ program. Under ``jit`` the arguments themselves are abstract: the capture then r
 stand-in values of their types (``placeholder``), which is sound because a program never keeps a value
 that changes between calls (capture_jax's module docstring), and first-run verification happens on the
 first real call.
+
+Captures are also shared across the process, as ``jax.jit``'s compilation cache is: a second
+``value_and_grad`` or ``train_step`` of a function whose signature was captured before (the same jaxpr,
+rules, types, closed-over values, settings and, for a native training step, the same optimizer
+program) takes that capture instead of capturing again (``clear_caches`` empties it).
 """
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -30,6 +36,26 @@ CACHE_SIZE = 8
 # A closed-over NumPy array up to this many bytes is keyed by its contents, a larger one (or a jax.Array,
 # which cannot change) by its identity.
 HASHED_BYTES = 1 << 20
+# Captures shared by every Signatures of the process. Each program stays pinned for the life of the
+# process anyway (interop.xla.program), so sharing them costs no memory.
+SHARED_SIZE = 64
+_SHARED = OrderedDict()
+
+
+def clear_caches() -> None:
+    """Forget the captures shared across the process: the next ``value_and_grad`` or ``train_step`` of
+    any function captures afresh (as ``jax.clear_caches()`` makes ``jax.jit`` trace and compile again).
+    Steps already made keep their captures.
+
+    >>> import interop
+    >>> interop.clear_caches()
+    """
+    _SHARED.clear()
+
+
+def _settings():
+    """What decides a program besides its function: the compiler and tapegrad's settings."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k == "CC" or k.startswith("TAPEGRAD_")))
 
 
 def _is_tracer(x):
@@ -93,12 +119,14 @@ def _aval_key(x):
 class Signatures:
     """Captures of ``fn``, one per input signature, ``CACHE_SIZE`` at most (``lookup``)."""
 
-    def __init__(self, fn, argnums, has_aux, backend, dtype=None, who="value_and_grad"):
+    def __init__(self, fn, argnums, has_aux, backend, dtype=None, who="value_and_grad", attached=None):
         self.fn, self.argnums, self.has_aux, self.backend, self.dtype = fn, argnums, has_aux, backend, dtype
-        self.who = who
+        # what train_step attaches to the captures' programs (its native optimizer's program settings): a
+        # capture is shared only with Signatures that attach the same
+        self.who, self.attached = who, attached
         self._lru = OrderedDict()
         self.last = None
-        self.captures = 0   # how many signatures were captured (a test counts re-captures)
+        self.captures = 0   # how many signatures this one met (a test counts re-captures), shared ones included
 
     def lookup(self, args):
         """``(captured, full_args)``: the capture for ``args`` and the arguments its operands take (``args``,
@@ -140,7 +168,16 @@ class Signatures:
             self._lru.move_to_end(key)
             self.last = hit[0]
             return hit[0], full
-        cap = self._capture(closed, out_shape, full, which, len(args))
+        shared = (key, self.attached, _settings())
+        hit = _SHARED.get(shared)
+        if hit is not None:
+            _SHARED.move_to_end(shared)
+            cap = hit[0]
+        else:
+            cap = self._capture(closed, out_shape, full, which, len(args))
+            _SHARED[shared] = (cap, keep)
+            if len(_SHARED) > SHARED_SIZE:
+                _SHARED.popitem(last=False)
         self._lru[key] = (cap, keep)
         if len(self._lru) > CACHE_SIZE:
             self._lru.popitem(last=False)

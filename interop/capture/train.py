@@ -250,27 +250,33 @@ def train_step(fn: Callable[..., Any], params: Any, *example_batch: Any, optimiz
     if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
         raise CaptureError(f"train_step: optimizer must be an optax GradientTransformation (with init and "
                            f"update), got {type(optimizer).__name__} {optimizer!r}; e.g. optimizer=optax.adam(1e-3)")
-    sigs = Signatures(fn, 0, has_aux, backend, who="train_step")
-    sigs.lookup((params, *example_batch))   # the example's capture: errors surface here
-    step, why = None, "native_update=False"
+    step, why, spec = None, "native_update=False", None
     if axis_name is not None:
         why = f"data parallel over {axis_name!r}: the update follows the gradients' mean over the shards, in XLA"
         if native_update:
             raise CaptureError(f"train_step: native_update=True with axis_name={axis_name!r}: {why}")
     elif native_update is not False:
         try:
+            spec = optax_native.read(optimizer)
+            key = spec.program_key(params)
+        except optax_native.Unreadable as e:
+            why = str(e)
+    # the captures carry the native optimizer's program: shared only with steps that attach the same one
+    sigs = Signatures(fn, 0, has_aux, backend, who="train_step", attached=None if spec is None else key)
+    sigs.lookup((params, *example_batch))   # the example's capture: errors surface here
+    if spec is not None:
+        try:
             dt = sigs.last.program.dtype
             low = sorted({str(x.dtype) for x in jax.tree.leaves(params) if np.dtype(x.dtype) != dt})
             if low:
                 raise optax_native.Unreadable(f"the parameters hold {', '.join(low)} leaves where the program "
                                               f"computes in {dt} (what fn computes from them is {dt})")
-            step = _native_step(fn, sigs, params, example_batch, optimizer, optax_native.read(optimizer), has_aux)
+            step = _native_step(fn, sigs, params, example_batch, optimizer, spec, has_aux)
             why = None
         except optax_native.Unreadable as e:
             why = str(e)
-            if native_update:
-                raise CaptureError(f"train_step: native_update=True, but the optimizer has no native step: "
-                                   f"{why}") from None
+    if step is None and native_update and axis_name is None:
+        raise CaptureError(f"train_step: native_update=True, but the optimizer has no native step: {why}")
     if step is None:
         step = _xla_step(sigs, optimizer, has_aux, axis_name)
     init = jax.tree.map(jnp.array, params)   # copies: the first step donates them, the caller's stay alive
@@ -373,7 +379,12 @@ def _native_step(fn, sigs, params, example_batch, optimizer, spec, has_aux):
 
     step = jax.jit(lambda state, *batch: run(state, batch, None), donate_argnums=0)
     scan_fn = jax.jit(scan, donate_argnums=0)
-    _check(step, sigs, fn, params, example_batch, optimizer, has_aux)
+    # once per capture and schedule: a step made again of the same capture (the process's shared captures)
+    # was checked when it was first made
+    checked = sigs.last.__dict__.setdefault("_checked", [])
+    if not any(s is spec.schedule for s in checked):
+        _check(step, sigs, fn, params, example_batch, optimizer, has_aux)
+        checked.append(spec.schedule)
     return step, scan_fn
 
 

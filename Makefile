@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test docs matrix rows bench experiments mutants clean
+.PHONY: demo test test-compilers docs matrix rows bench experiments mutants clean
 
 $(STAMP): pyproject.toml setup.py tapegrad/_ctape.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,9 +16,13 @@ demo: $(STAMP)
 	$(BIN)/python experiments/demo.py
 
 # Both cores (pytest-xdist), each test file on one worker so a file's compiled programs are built once;
-# the build cache's per-key lock lets workers share it.
+# the build cache's per-key lock lets workers share it. The tests that compile with every C compiler on
+# PATH or with nvcc (marker `compilers`) are make test-compilers: .ci/run runs both.
 test: $(STAMP)
-	$(BIN)/python -m pytest -n auto --dist loadfile tests tapegrad interop
+	$(BIN)/python -m pytest -n auto --dist loadfile -m "not compilers" tests tapegrad interop
+
+test-compilers: $(STAMP)
+	$(BIN)/python -m pytest -n auto --dist loadfile -m compilers tests
 
 # The documentation site (mkdocs.yml: the pages under docs/ and an API reference from the docstrings) into
 # site/, warnings as errors. make test runs every code block of its pages (tests/test_docs.py).

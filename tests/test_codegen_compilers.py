@@ -17,6 +17,8 @@ import pytest
 import tapegrad as tg
 from tapegrad.native import build
 
+pytestmark = pytest.mark.compilers   # make test-compilers (CI's compiler stage)
+
 NAMES = ["cc", "gcc"] + [f"gcc-{v}" for v in range(10, 16)] + ["clang"] + [f"clang-{v}" for v in range(13, 22)]
 TARGETS = ("native", "x86-64-v3", "x86-64-v2")
 

@@ -448,6 +448,7 @@ def test_golden_source(name, dialect):
     assert src == path.read_text(), f"{path} differs; review and regenerate with TAPEGRAD_REGEN_GOLDEN=1"
 
 
+@pytest.mark.compilers
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc: the cuda dialect is checked as host C++ only")
 def test_nvcc_contracts_the_c_body_but_not_the_cuda_dialect(tmp_path):
     """The same program (no libm calls, whose device code uses FMAs inside) compiled to PTX with nvcc's

@@ -135,6 +135,7 @@ def test_a_limit_above_every_norm_leaves_the_device_run_unclipped():
     assert not any(clipped)
 
 
+@pytest.mark.compilers
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("ordered,dtype", [(True, "float64"), (False, "float64"), (True, "float32")])
 def test_every_kernel_compiles_with_nvcc(tmp_path, ordered, dtype):

@@ -21,6 +21,7 @@ def kernels(ptx):
     return dict(re.findall(r"\.entry\s+k_(\w+)\((.*?)\n\}", ptx, re.S))
 
 
+@pytest.mark.compilers
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc: the dry run cannot compile PTX here")
 def test_dry_run_compiles_ptx_without_fma_in_the_cuda_dialect(tmp_path):
     run = subprocess.run([sys.executable, str(SCRIPT), "--dry", "--n", "32", "--out", str(tmp_path)],

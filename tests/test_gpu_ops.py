@@ -115,6 +115,7 @@ def test_scatter_add_sums_repeated_indices_in_position_order():
     assert (got["native"] == want).all() and (got["numpy"] == want).all() and want[0] == 1.0
 
 
+@pytest.mark.compilers
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_family_kernels_compile_with_nvcc(tmp_path, dtype):

@@ -148,6 +148,7 @@ def test_failed_factorisations_give_nan_values_as_native():
     assert all(np.isnan(u).all() for u in got[1][:3]) and got[1][3][0] == -np.inf and np.isfinite(got[1][3][1])
 
 
+@pytest.mark.compilers
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_conv_and_linalg_kernels_compile_with_nvcc(tmp_path, dtype):
@@ -159,6 +160,7 @@ def test_conv_and_linalg_kernels_compile_with_nvcc(tmp_path, dtype):
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+@pytest.mark.compilers
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 def test_each_linalg_op_alone_compiles_with_nvcc(tmp_path):
     """A program with one linear-algebra op carries helpers it never calls (cholesky alone: no LU): they

@@ -52,7 +52,8 @@ _FLOATS = (np.dtype(np.float64), np.dtype(np.float32))   # what set_input conver
 
 def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native", "cupy"] = "numpy",
             dtype: DTypeLike = "float64", fuse: Union[bool, Literal["libm"]] = True,
-            ordered: Optional[bool] = None, verify: bool = True) -> Program:
+            ordered: Optional[bool] = None, verify: bool = True,
+            memory: Literal["keep", "reuse"] = "keep") -> Program:
     """Freeze the tape's episode ``[0, len(tape))`` with ``loss`` as the backward seed into a Program.
 
     Exactness: the NumPy replay is bit-identical to the eager tape (same rules, same order). The native
@@ -77,6 +78,12 @@ def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native", "cupy"] =
             forward, backward or episode; and the first optimizer step after each ``attach``. Each
             node's value and gradient is recomputed by the NumPy rules from the program's own inputs
             and compared within the op's tier. Ignored for "numpy", the reference itself.
+        memory: (native) "keep": a value and a gradient buffer per node, each readable after a run.
+            "reuse": once the first run is verified, the buffers of intermediate nodes are assigned by
+            liveness (a value or gradient shares its bytes with others no segment uses while it is
+            alive), as XLA assigns buffers; parameters, inputs, the loss and parameter gradients keep
+            their own. ``value``/``grad`` of an intermediate node then raise, and each ``backward``
+            needs its ``forward`` (``episode`` runs both). Ignored for "numpy" and "cupy".
 
     Returns:
         The program, with its own copies of parameters and constants.
@@ -104,10 +111,15 @@ def capture(tape: Tape, loss: Var, backend: Literal["numpy", "native", "cupy"] =
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float64), np.dtype(np.float32)):
         raise DTypeError(f"capture: dtype must be float64 or float32, got {dt}")
+    if memory not in ("keep", "reuse"):
+        raise ConfigError(f"capture: memory must be 'keep' or 'reuse', got {memory!r}")
     ordered = getattr(tape, "ordered", False) if ordered is None else bool(ordered)
     prog = Program(tape, loss, backend, dt, fuse if fuse == "libm" else bool(fuse), ordered)
+    prog.memory = memory if backend == "native" else "keep"
     if verify and backend != "numpy":
         prog._arm_verification()
+    elif prog.memory == "reuse":
+        prog.runner.compact()
     return prog
 
 
@@ -189,6 +201,7 @@ class Program:
             raise ShapeError(f"{at('capture', self.loss_id)}: expected a scalar loss (one element), got shape "
                              f"{shapes[self.loss_id]}")
         self.backend, self.dtype, self.fuse = backend, dtype, fuse
+        self.memory = "keep"   # capture(memory=) sets it
         self._lock = threading.RLock()   # see _one_at_a_time
         self._tape = weakref.ref(tape)
         n = len(tape)
@@ -304,6 +317,8 @@ class Program:
         check_run(self)
         self._unverified = False
         self.verified |= {"values", "gradients"}
+        if self.memory == "reuse":   # checked node by node in buffers of their own: now by liveness
+            self.runner.compact()
 
     def _run_step(self, run):
         """``run`` (the runner's step or episode), its first time after ``attach`` checked."""
@@ -582,6 +597,12 @@ class Program:
 
     def _held(self, i, kind):
         """A native program's buffer of node i, or (held only in a fused loop's local) its rebuilt bits."""
+        if (kind, i) in getattr(self.runner, "freed", ()) or (self.memory == "reuse" and not self._unverified and
+                                                              (kind, i) in getattr(self.runner, "registers", ())):
+            raise TapeError(f"{'value' if kind == 'v' else 'grad'}: {at(self.nodes[i][0].name, i)} is an "
+                            f"intermediate node of a program that reuses buffers by liveness "
+                            f"(capture(..., memory='reuse')): its bytes hold a later node's by now; capture "
+                            f"with memory='keep' to read intermediate values and gradients")
         if (kind, i) in getattr(self.runner, "registers", ()):
             from .verify import rebuilt
             return rebuilt(self, kind, i)

@@ -205,6 +205,10 @@ static const char *tg_inst_build(tg_prog *p, tg_inst *in, int slot) {
       while (j < i && in->snap[j] != in->snap[i]) j++;
       if (j < i) { in->base[i] = in->base[j]; continue; }
       size_t sz = (size_t)p->sizes[i];
+      /* entries sharing a pointer (a reshape's view, nodes placed by liveness) share one buffer of the
+         largest of their sizes */
+      for (int64_t k = i + 1; k < n; k++)
+        if (in->snap[k] == in->snap[i] && (size_t)p->sizes[k] > sz) sz = (size_t)p->sizes[k];
       void *b = aligned_alloc(64, sz ? (sz + 63) / 64 * 64 : 64);
       if (!b) return "out of memory for a device's buffers";
       memcpy(b, (void *)(intptr_t)in->snap[i], sz);

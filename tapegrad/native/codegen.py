@@ -111,6 +111,7 @@ class Emitter:
         self.d = dialect(prog.dtype, target)
         self.segf, self.segb = segments_fwd, segments_bwd
         self.helpers = []
+        self.steps = []   # per segment run, the table entries (buffer indices) it touches
 
     def emit(self):
         p = self.p
@@ -179,10 +180,16 @@ class Emitter:
         body = []
         for seg in self.segf:
             if len(seg) > 1 or self.p.nodes[seg[0]][0].kind == "elementwise":
-                body += self.ew_forward(seg)
+                body += self.step(self.ew_forward(seg))
             else:
-                body += self.node_forward(seg[0])
+                body += self.step(self.node_forward(seg[0]))
         return body
+
+    def step(self, lines):
+        """``lines`` (one segment's code), noting the table entries it touches as the next step of
+        ``steps``: forward's segments then backward's, in the order they run (the runner's liveness)."""
+        self.steps.append({self._index(n) for line in self.named(lines) for n in _ptr_names(line)})
+        return lines
 
     def ew_forward(self, seg):
         p = self.p
@@ -358,12 +365,12 @@ class Emitter:
 
     def backward_body(self):
         p = self.p
-        body = [f"for (long i = 0; i < {self.n(p.loss_id)}L; i++) g{p.loss_id}[i] = {self.d.lit(1.0)};"]
+        body = self.step([f"for (long i = 0; i < {self.n(p.loss_id)}L; i++) g{p.loss_id}[i] = {self.d.lit(1.0)};"])
         for seg in self.segb:
             if len(seg) > 1 or p.nodes[seg[0][0]][0].kind == "elementwise":
-                body += self.ew_backward(seg)
+                body += self.step(self.ew_backward(seg))
             else:
-                body += self.node_backward(seg[0])
+                body += self.step(self.node_backward(seg[0]))
         return body
 
     def ew_backward(self, seg):

@@ -31,8 +31,9 @@ import os
 
 import numpy as np
 
-from .._arena import aligned_empty
+from .._arena import ALIGN, aligned_empty
 from ..blas import blas_core, blas_pointers, blas_threads_local, lapack_pointers
+from ..errors import TapeError
 from . import build, codegen, fuse, kernels
 
 # Products of at most this many multiply-adds run in the generated C's own kernel (tg_mm_small in
@@ -116,6 +117,39 @@ def _addr(a):
     return a.__array_interface__["data"][0]
 
 
+def liveness(steps, sizes, kept):
+    """Offsets into one arena for the table entries not in ``kept``, two sharing bytes only where no step
+    touches both between their first and last use: ``({entry: byte offset}, arena bytes)``.
+
+    ``steps``: per segment run (forward's then backward's, in order), the entries it touches. An entry
+    no step touches needs no memory (offset None). Placed largest first, each at the lowest 64-byte
+    aligned offset clear of every placed entry whose span overlaps its own.
+    """
+    first, last = {}, {}
+    for t, touched in enumerate(steps):
+        for i in touched:
+            first.setdefault(i, t)
+            last[i] = t
+    free = sorted((i for i in sizes if i not in kept), key=lambda i: (-sizes[i], i))
+    lo, hi, start, end = (np.zeros(len(free), np.int64) for _ in range(4))
+    out, placed, top = {}, 0, 0
+    for i in free:
+        if i not in first:
+            out[i] = None
+            continue
+        n = -(-max(sizes[i], 1) // ALIGN) * ALIGN
+        clash = (lo[:placed] <= last[i]) & (hi[:placed] >= first[i])
+        off = 0
+        for a, b in sorted(zip(start[:placed][clash].tolist(), end[:placed][clash].tolist())):
+            if off + n <= a:
+                break
+            off = max(off, b)
+        lo[placed], hi[placed], start[placed], end[placed] = first[i], last[i], off, off + n
+        placed += 1
+        out[i], top = off, max(top, off + n)
+    return out, top
+
+
 # An optimizer update of at least this many parameters is split over the CPU's cores, on threads the
 # program starts for the step (inside jax.jit XLA's pool does it instead). experiments/bench/bench_capture.py
 # measures the split at every size: it pays at 8.4M parameters (1.8x); at 26k starting threads costs more.
@@ -137,9 +171,13 @@ class NativeRunner:
         self.fwd_segs, self.bwd_segs = fuse.plan(p, bool(p.fuse), p.fuse == "libm")
         self.blas = blas_pointers(p.dtype)
         self.registers = fuse.registers(p, self.fwd_segs, self.bwd_segs, self.views)
-        self.source = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2],
-                                      small_mm=small_gemm_limit(p.dtype), views=self.views,
-                                      registers=self.registers).emit()
+        emitter = codegen.Emitter(p, self.index, self.fwd_segs, self.bwd_segs, self.blas[2],
+                                  small_mm=small_gemm_limit(p.dtype), views=self.views, registers=self.registers)
+        self.source = emitter.emit()
+        self.freed = set()   # ("v"|"g", node) whose buffers compact() handed to liveness
+        self.untouched = set()   # table entries no segment touches, once compacted (null in the table)
+        self.fresh = False   # a forward ran since the last backward (compacted backward needs one)
+        self.steps = emitter.steps
         self.path = build.build(self.source, what=f"a program of {len(p.nodes):,} nodes")
         self.lib = build.load(self.path)
         self.sc = np.zeros(8, np.float64)
@@ -170,16 +208,23 @@ class NativeRunner:
         if any(self.p.nodes[k][0].kind == "linalg" for k in self.p.compute):
             t[5] = _addr(lapack_pointers(self.p.dtype)[0])
         for i, a in enumerate(self.bufs):
-            t[codegen.FIRST + i] = _addr(a)
+            # an entry no segment touches (compact) is null: no caller copies or reads it
+            t[codegen.FIRST + i] = 0 if i in self.untouched else _addr(a)
             self.sizes[codegen.FIRST + i] = a.nbytes
 
     # ── running ──────────────────────────────────────────────────────────────
 
     def forward(self):
         self.fns["forward"](self.ctx)
+        self.fresh = True
 
     def backward(self):
+        if self.freed and not self.fresh:
+            raise TapeError("backward: this program reuses buffers by liveness (capture(..., memory='reuse')): "
+                            "the values backward reads live only until it has run; run forward (or episode) "
+                            "before each backward")
         self.fns["backward"](self.ctx)
+        self.fresh = False
 
     def step(self):
         self.fns["step"](self.ctx)
@@ -187,6 +232,7 @@ class NativeRunner:
 
     def episode(self):
         self.fns["episode"](self.ctx)
+        self.fresh = False
         if self.p.opt is not None:
             self.p.opt.count = int(self.sc[0])
 
@@ -230,6 +276,54 @@ class NativeRunner:
             self.pinfo[8 * k:8 * k + 8] = row + [math.prod(p.shapes[i]), int(o.touched[k]), 0]
         self._fill_table()
         self.sc[0] = float(o.count)
+
+    def compact(self):
+        """Hand the buffers of intermediate nodes to ``liveness``: one arena whose bytes a value or
+        gradient shares with others that no segment run uses while it is alive. Parameters, inputs,
+        data, the loss, parameter gradients and scratch keep their own. The nodes whose buffers moved
+        go into ``freed`` (``Program.value``/``grad`` refuse them: the next value overwrites theirs).
+        """
+        p = self.p
+        if self.freed:
+            return
+        keys = {}
+        for key, i in self.index.items():
+            keys.setdefault(i, []).append(key)
+        leaves = set(range(len(p.nodes))) - set(p.compute)
+        kept = {i for i, ks in keys.items()
+                for kind, k in ks if kind == "S" or (kind == "v" and (k in leaves or k == p.loss_id))
+                or (kind == "g" and k in p.params)}
+        sizes = {i: self.bufs[i].nbytes for i in range(self.base)}
+        offsets, top = liveness(self.steps, sizes, kept)
+        arena = aligned_empty((max(top, 1),), np.uint8)
+        spare = aligned_empty((ALIGN,), np.uint8)
+        for i, off in offsets.items():
+            old = self.bufs[i]
+            if off is None:   # never touched: a zero-stride stand-in of its type (no memory)
+                new = np.lib.stride_tricks.as_strided(spare.view(old.dtype)[:1], old.shape, (0,) * old.ndim)
+                self.untouched.add(i)
+            else:
+                new = arena[off:off + old.nbytes].view(old.dtype).reshape(old.shape)
+            self.bufs[i] = new
+            for kind, k in keys[i]:
+                if kind == "v":
+                    p.val[k] = new
+                else:
+                    p.grads[k] = new
+                self.freed.add((kind, k))
+        self.arena = arena
+        self._fill_table()
+
+    def nbytes(self):
+        """The bytes the program's buffers span, each byte once (an arena shared by many nodes counts
+        once, a node no segment touches nothing)."""
+        spans = sorted((_addr(a), _addr(a) + sum((n - 1) * st for n, st in zip(a.shape, a.strides)) + a.itemsize)
+                       for a in self.bufs if a.size)
+        total, end = 0, 0
+        for lo, hi in spans:
+            total += max(0, hi - max(lo, end))
+            end = max(end, hi)
+        return total
 
     # ── reports ──────────────────────────────────────────────────────────────
 

@@ -15,8 +15,10 @@ OpenBLAS (the BLAS tapegrad's products call) at one thread. ``OPENBLAS_CORETYPE`
 (set on some machines for old BLAS builds) are unset by re-executing this script without them, as
 ``make bench`` does. Also printed per model: how long capture took (``train_step`` built, its three-step
 check included; ``--cold``: in an empty build cache) against XLA's lower + compile of the reference step,
-the same ``train_step`` made again in the process (it takes the shared capture), the lines of generated C, and memory: XLA's buffers (``memory_analysis``: arguments + temporaries +
-outputs − aliased) against the program's own buffers (values, gradients, scratch, optimizer state).
+the same ``train_step`` made again in the process (it takes the shared capture), the lines of generated
+C, and memory: XLA's buffers (``memory_analysis``: arguments + temporaries + outputs − aliased) against
+the program's own buffers (values, gradients, scratch, optimizer state; the intermediates assigned by
+liveness, each byte counted once).
 
 ``--quick``: a few models, fewer repeats. ``--sweep``: the encoders and decoders at every
 L 1/2/4 × d 64/128 × T 32/128 × B 8/32. ``--only REGEX``: models whose name matches.
@@ -224,7 +226,7 @@ def bench_one(name, params, apply, x, y, reps, dt, target_s):
         print(f"<!-- {name}: train_step runs optax's update in XLA: {ours.why} -->", flush=True)
     runner = ours.captured.program.runner
     lines = runner.source.count("\n")
-    our_bytes = sum(a.nbytes for a in runner.bufs)
+    our_bytes = runner.nbytes()   # its intermediates by liveness (train_step captures with memory="reuse")
     t0 = time.perf_counter()
     vg_ours = jax.jit(interop.value_and_grad(loss, params, x, y))
     t_vg = time.perf_counter() - t0

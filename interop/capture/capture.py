@@ -520,7 +520,8 @@ class Captured:
 
 
 def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, Sequence[int]] = 0,
-                has_aux: bool = False, backend: str = "native", dtype: Optional[Any] = None) -> Captured:
+                has_aux: bool = False, backend: str = "native", dtype: Optional[Any] = None,
+                memory: str = "keep") -> Captured:
     """Record ``fn``'s differentiable part on a tape and capture it as a tapegrad program.
 
     The float leaves of the arguments ``argnums`` are the program's parameters; every other leaf is
@@ -544,6 +545,9 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
             parameters or what is computed from them are float64 (float32 parameters are then cast
             up on the way in and their gradients down, as JAX's ``convert_element_type`` and its
             transpose do), else float32.
+        memory: "keep" (every node's value and gradient readable on ``program``) or "reuse" (the
+            intermediate buffers assigned by liveness, as ``value_and_grad`` and ``train_step``
+            capture: ``tapegrad.capture``'s ``memory``).
 
     Returns:
         A ``Captured``: the ``program``, and ``operands(*args)`` for calls at other arguments.
@@ -584,7 +588,8 @@ def capture_jax(fn: Callable[..., Any], *example_args: Any, argnums: Union[int, 
     except jax.errors.ConcretizationTypeError as e:
         raise TracingError(f"capture_jax traces fn as jax.jit does, so Python control flow on traced values "
                            f"cannot run; JAX said: {str(e).splitlines()[0]}") from e
-    return _capture(fn, closed, out_shape, leaves_p, tree, which, len(example_args), has_aux, backend, dtype)
+    return _capture(fn, closed, out_shape, leaves_p, tree, which, len(example_args), has_aux, backend, dtype,
+                    memory=memory)
 
 
 def _argnums(argnums, nargs, who):
@@ -611,7 +616,8 @@ def _flatten_args(who, args):
     return out, tree
 
 
-def _capture(fn, closed, out_shape, leaves_p, tree, which, nargs, has_aux, backend, dtype, who="capture_jax"):
+def _capture(fn, closed, out_shape, leaves_p, tree, which, nargs, has_aux, backend, dtype, who="capture_jax",
+             memory="keep"):
     """``closed`` (fn's jaxpr over the leaves ``leaves_p`` of its arguments) captured as a program."""
     leaves = [x for _, x in leaves_p]
     arg_of = [path[0].idx for path, _ in leaves_p]
@@ -652,7 +658,7 @@ def _capture(fn, closed, out_shape, leaves_p, tree, which, nargs, has_aux, backe
     loss = outs[0]
     if not isinstance(loss, tg.Var):
         raise CaptureError(f"{who}: fn's value does not depend on the differentiated arguments")
-    prog = tg.capture(tape, loss, backend=backend, dtype=str(dt))
+    prog = tg.capture(tape, loss, backend=backend, dtype=str(dt), memory=memory)
     # the program's operands, in its registration order: each const is a fed slot or a constant, each data
     # slot a derived feed or a constant
     fed = {v.id: s for s, v in r.feeds.items()}

@@ -197,5 +197,7 @@ class Signatures:
         rng = np.random.default_rng(0)
         with jax.ensure_compile_time_eval():
             example = [(p, placeholder(jax.typeof(x), rng) if _is_tracer(x) else x) for p, x in leaves_p]
+            # the program's intermediate buffers assigned by liveness (as XLA assigns its own): the call
+            # reads only parameters, inputs, the loss and parameter gradients
             return _capture(self.fn, closed, out_shape, example, tree, which, nargs, self.has_aux, self.backend,
-                            self.dtype, self.who)
+                            self.dtype, self.who, memory="reuse")

@@ -129,3 +129,31 @@ def test_liveness_shares_bytes_only_between_entries_never_alive_together():
     spans = {i: (offsets[i], offsets[i] + -(-sizes[i] // 64) * 64) for i in (0, 1, 2)}
     assert spans[0][1] <= spans[1][0] or spans[1][1] <= spans[0][0]   # 0 and 1 overlap in time: apart
     assert spans[2][0] == 0 and top == 256   # 2 reuses 0's and 1's bytes: 256 = max(2's 256, 128 + 64)
+
+
+@pytest.mark.parametrize("make,rows", [(lambda: tg.SGD(0.1), 0), (lambda: tg.SGD(0.1, 0.9), 1),
+                                       (lambda: tg.Adam(0.1), 2), (lambda: tg.Adam(0.1, clip=1.0), 3)],
+                         ids=["sgd", "momentum", "adam", "adam-clip"])
+def test_an_attached_optimizer_takes_only_the_rows_its_step_writes(make, rows):
+    """Adam keeps two moments, momentum SGD a trace, plain SGD nothing; a transformed gradient (the
+    clipped or L2-decayed copy) only under clipping or L2."""
+    rng = np.random.default_rng(2)
+    tape = tg.Tape()
+    w = tape.param(rng.standard_normal((64, 32)))
+    loss = ((tape.const(rng.standard_normal((8, 64))) @ w).tanh() ** 2).sum()
+    prog = tg.capture(tape, loss, backend="native", memory="reuse")
+    before = prog.runner.nbytes()
+    opt = make()
+    opt.add(tape, w)
+    prog.attach(opt)
+    assert prog.runner.nbytes() - before == rows * w.value.nbytes
+    want = tg.capture(tape, loss, backend="numpy")
+    ref = make()
+    ref.add(tape, w)
+    want.attach(ref)
+    for _ in range(3):   # the NumPy replay's steps: the same, within tanh's libm tier (a few ulp)
+        got, ref_loss = prog.episode(), want.episode()
+        assert abs(got - ref_loss) <= 1e-12 * abs(ref_loss)
+    got, ref_w = prog.value(w), want.value(w)
+    assert np.max(np.abs(got - ref_w)) <= 1e-12 * np.max(np.abs(ref_w))
+    assert not np.array_equal(prog.value(w), w.value)   # it did step

@@ -264,10 +264,12 @@ class NativeRunner:
         for k, i in enumerate(o.ids):
             cfg[16 + k] = o.l2[k]
             cfg[16 + len(o.ids) + k] = o.wd[k]
-            gt = aligned_empty(p.shapes[i], p.dtype)
-            mu = o.mu[k] if o.mu else aligned_empty(p.shapes[i], p.dtype)
-            nu = o.nu[k] if o.nu else aligned_empty(p.shapes[i], p.dtype)
             gbuf = p.grads[i] if p.grads[i] is not None else p.grad_buf(i)
+            # the step writes a transformed gradient only under clipping or L2, and the moments its kind
+            # keeps; a row it never reads points at the gradient (no memory of its own)
+            gt = aligned_empty(p.shapes[i], p.dtype) if o.clip is not None or o.l2[k] != 0.0 else gbuf
+            mu = o.mu[k] if o.mu else gbuf
+            nu = o.nu[k] if o.nu else gbuf
             row = []
             for arr in (p.val[i], gbuf, gt, mu, nu):
                 j = len(self.bufs)

@@ -128,3 +128,26 @@ def test_the_shared_captures_are_bounded(monkeypatch):
     assert len(signatures._SHARED) == 2
     assert interop.value_and_grad(loss, w, x[:5], y[:5]).captured is caps[2]      # kept
     assert interop.value_and_grad(loss, w, x[:3], y[:3]).captured is not caps[0]  # the oldest went first
+
+
+def test_an_optimizer_read_but_not_keyed_falls_back_to_xla_naming_why():
+    """adamw with a mask that is a prefix of the parameters (optax accepts it; the native step reads a bool
+    per leaf): the step runs optax's update in XLA and says why, or refuses under native_update=True."""
+    params = {"layer": {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}}
+    fn = lambda p, x: jnp.sum((x @ p["layer"]["w"] + p["layer"]["b"]) ** 2)   # noqa: E731
+    x = jnp.ones((4, 3))
+    opt = optax.adamw(1e-2, weight_decay=1e-2, mask={"layer": True})
+    step, state = interop.train_step(fn, params, x, optimizer=opt)
+    assert not step.native_update
+    assert step.why == ("add_decayed_weights' mask has the structure PyTreeDef({'layer': *}), not the parameters' "
+                        "PyTreeDef({'layer': {'b': *, 'w': *}})")
+    value, state = step(state, x)
+    ref, s = params, opt.init(params)
+    v, g = jax.value_and_grad(fn)(ref, x)
+    u, s = opt.update(g, s, ref)
+    assert float(value) == float(v)
+    assert all(bool(jnp.allclose(a, b, rtol=1e-6)) for a, b in zip(jax.tree.leaves(state[0]),
+                                                                    jax.tree.leaves(optax.apply_updates(ref, u))))
+    with pytest.raises(interop.CaptureError, match=r"native_update=True, but the optimizer has no native step: "
+                                                   r"add_decayed_weights' mask has the structure"):
+        interop.train_step(fn, params, x, optimizer=opt, native_update=True)

@@ -250,19 +250,19 @@ def train_step(fn: Callable[..., Any], params: Any, *example_batch: Any, optimiz
     if not (hasattr(optimizer, "init") and hasattr(optimizer, "update")):
         raise CaptureError(f"train_step: optimizer must be an optax GradientTransformation (with init and "
                            f"update), got {type(optimizer).__name__} {optimizer!r}; e.g. optimizer=optax.adam(1e-3)")
-    step, why, spec = None, "native_update=False", None
+    step, why, spec, attached = None, "native_update=False", None, None
     if axis_name is not None:
         why = f"data parallel over {axis_name!r}: the update follows the gradients' mean over the shards, in XLA"
         if native_update:
             raise CaptureError(f"train_step: native_update=True with axis_name={axis_name!r}: {why}")
     elif native_update is not False:
         try:
-            spec = optax_native.read(optimizer)
-            key = spec.program_key(params)
+            read = optax_native.read(optimizer)
+            spec, attached = read, read.program_key(params)
         except optax_native.Unreadable as e:
             why = str(e)
     # the captures carry the native optimizer's program: shared only with steps that attach the same one
-    sigs = Signatures(fn, 0, has_aux, backend, who="train_step", attached=None if spec is None else key)
+    sigs = Signatures(fn, 0, has_aux, backend, who="train_step", attached=attached)
     sigs.lookup((params, *example_batch))   # the example's capture: errors surface here
     if spec is not None:
         try:

@@ -597,8 +597,7 @@ class Program:
 
     def _held(self, i, kind):
         """A native program's buffer of node i, or (held only in a fused loop's local) its rebuilt bits."""
-        if (kind, i) in getattr(self.runner, "freed", ()) or (self.memory == "reuse" and not self._unverified and
-                                                              (kind, i) in getattr(self.runner, "registers", ())):
+        if (kind, i) in getattr(self.runner, "freed", ()):   # compact() frees fused locals too
             raise TapeError(f"{'value' if kind == 'v' else 'grad'}: {at(self.nodes[i][0].name, i)} is an "
                             f"intermediate node of a program that reuses buffers by liveness "
                             f"(capture(..., memory='reuse')): its bytes hold a later node's by now; capture "

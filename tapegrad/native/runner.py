@@ -313,6 +313,7 @@ class NativeRunner:
                 else:
                     p.grads[k] = new
                 self.freed.add((kind, k))
+        self.freed |= set(self.registers)   # rebuilt from stored bytes that may be freed: refused too
         self.arena = arena
         self._fill_table()
 
